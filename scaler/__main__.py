@@ -1,0 +1,7 @@
+"""`python -m scaler` runs the command line."""
+
+import sys
+
+from scaler.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Kubernetes adapters: the only package that talks to the Kubernetes API."""

@@ -1,0 +1,1 @@
+"""ScalePolicy files: models, loading and validation."""

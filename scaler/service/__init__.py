@@ -1,0 +1,1 @@
+"""The long-running service: reactor, HTTP APIs and observability."""

@@ -1,0 +1,1 @@
+"""Signal sources (NATS, JetStream, Prometheus, HTTP push) and the signal store."""

@@ -1,0 +1,1 @@
+"""Simulation of a GPU cluster for replaying traces against scaling strategies."""
