@@ -69,8 +69,8 @@ class ClusterState:
     free_replica_slots: how many more replicas fit on GPUs already free in the pool
       (None = unknown: assume a node must boot).
     observations: recent pod start timelines, for learning time to ready.
-    budget_gpus: an external GPU budget (tenant or pool) still available to this model,
-      beyond the policy's own; None = no external budget.
+    budget_gpus: an external cap on the GPUs this model may hold in all (from a tenant or
+      pool budget), on top of the policy's own `budget`; None = no external cap.
     """
 
     current: int
@@ -150,13 +150,20 @@ class Clamp:
 
 @dataclass(frozen=True, slots=True)
 class Forecast:
-    """The cold-start look-ahead used by a decision."""
+    """The cold-start look-ahead used by a decision. Demand is in replicas (fractional).
+
+    demand_now: the fitted demand now; slope_per_s: its trend (never negative: the
+    look-ahead only adds); demand_at_ready: demand_now + slope * time_to_ready_s;
+    replicas_at_node_ready: the forecast one node boot further, for node headroom.
+    """
 
     time_to_ready_s: float
     needs_node: bool
     demand_now: float
     slope_per_s: float
     demand_at_ready: float
+    replicas_at_ready: int
+    replicas_at_node_ready: int
 
 
 @dataclass(frozen=True, slots=True)

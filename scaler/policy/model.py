@@ -299,6 +299,16 @@ class ColdStart(_Model):
         return self.image_pull_seconds + self.model_load_seconds + self.readiness_seconds
 
 
+class ForecastSpec(_Model):
+    """Cold-start look-ahead: demand is extrapolated over the time a new replica needs."""
+
+    enabled: bool = True
+    window_seconds: float = Field(
+        default=120, gt=0, le=3600,
+        description="history the trend is fitted over; longer is smoother but slower to react",
+    )
+
+
 class Resources(_Model):
     gpus_per_replica: int = Field(default=1, ge=1)
     resource_name: str = "nvidia.com/gpu"
@@ -351,6 +361,7 @@ class ScalePolicySpec(_Model):
     sources: Sources = Field(default_factory=Sources)
     behavior: Behavior = Field(default_factory=Behavior)
     cold_start: ColdStart = Field(default_factory=ColdStart)
+    forecast: ForecastSpec = Field(default_factory=ForecastSpec)
     resources: Resources = Field(default_factory=Resources)
     node_pool: NodePool | None = None
     budget: Budget | None = None

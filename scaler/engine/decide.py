@@ -1,0 +1,208 @@
+"""The decision: policy, signals, cluster state, engine state and time in; decision out.
+
+Pure: no I/O, no clock, no asyncio. The same function runs in the service and the
+simulator. The caller keeps the returned state once the decision is applied (or logged
+in dry-run); if applying fails, it keeps the old state and decides again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from scaler.engine import forecast, recommend, stabilize, types
+from scaler.policy import model
+
+
+def decide(
+    policy: model.ScalePolicy,
+    *,
+    snapshot: types.SignalSnapshot,
+    cluster: types.ClusterState,
+    state: types.EngineState,
+    now: float,
+) -> tuple[types.Decision, types.EngineState]:
+    """Decide the replicas for one model at `now` (epoch seconds)."""
+    spec = policy.spec
+    current = cluster.current
+    opinions = recommend.all_opinions(spec, snapshot=snapshot, cluster=cluster)
+    demand_opinions = [o for o in opinions if not o.is_guard]
+    stale = [o.reason.name for o in demand_opinions if not o.reason.fresh]
+    notes: list[str] = []
+
+    # 1. Demand now, in fractional replicas: the max over fresh demand signals.
+    demand_values = [(o.demand, o.reason.name) for o in demand_opinions if o.demand is not None]
+    demand_now = max(demand_values)[0] if demand_values else None
+
+    # 2. Cold-start look-ahead.
+    times, state = forecast.learn_start_times(spec.cold_start, state=state,
+                                              observations=cluster.observations)
+    samples = state.demand
+    if demand_now is not None:
+        samples = (*samples, types.DemandSample(at=now, demand=demand_now))
+    samples = forecast.window(samples, now=now, seconds=spec.forecast.window_seconds)
+    fc = _forecast(spec, cluster=cluster, samples=samples, times=times, now=now,
+                   demand_now=demand_now)
+
+    # 3. The raw recommendation: the largest opinion (demand signals, the forecast and the
+    #    latency guard); with none, hold the current count.
+    candidates = [(o.replicas, o.reason.name) for o in opinions if o.replicas is not None]
+    if fc is not None and spec.forecast.enabled and fc.replicas_at_ready > 0:
+        candidates.append((fc.replicas_at_ready, "forecast"))
+    winner: str | None
+    if candidates:
+        # On a tie the signal, not the forecast, is named: it is the plainer reason.
+        raw, winner = max(candidates, key=lambda c: (c[0], c[1] != "forecast"))
+    else:
+        raw, winner = current, None
+        notes.append("no signal has an opinion: holding the current count")
+    if stale and winner is None:
+        notes.append("stale or missing: " + ", ".join(stale))
+
+    # 4. Stabilization (HPA semantics) and rate limits. A fresh state (first decision, or
+    #    a restarted service) seeds the down window with the current count, as the HPA
+    #    does, so a restart never scales down before a full window of evidence.
+    if state.last_desired is None:
+        state = dataclasses.replace(
+            state, recommendations=(types.Recommendation(at=now, replicas=current),))
+    clamps: list[types.Clamp] = []
+    desired = stabilize.stabilize(spec.behavior, current=current, recommendation=raw,
+                                  history=state.recommendations, now=now)
+    if desired != raw:
+        window_name = "stabilization_down" if desired > raw else "stabilization_up"
+        seconds = (spec.behavior.scale_down if desired > raw else spec.behavior.scale_up
+                   ).stabilization_seconds
+        clamps.append(types.Clamp(window_name, raw, desired,
+                                  f"{seconds}s window keeps {desired}"))
+    if desired != current:
+        up = desired > current
+        direction = spec.behavior.scale_up if up else spec.behavior.scale_down
+        limit = stabilize.rate_limit(direction, up=up, current=current, events=state.events,
+                                     now=now)
+        if limit is not None and (desired > limit if up else desired < limit):
+            clamps.append(types.Clamp("rate_limit_up" if up else "rate_limit_down", desired,
+                                      limit, "behavior policies allow at most this change now"))
+            desired = limit
+
+    # 5. Safety: never down on stale or missing data. (Never below what is in flight holds
+    #    already: the concurrency signal counts running requests, and the max over
+    #    signals cannot fall below it.)
+    if desired < current and stale:
+        clamps.append(types.Clamp("hold_stale", desired, current,
+                                  "stale or missing: " + ", ".join(stale)))
+        desired = current
+
+    # 6. Bounds: min and warm floor below, max and GPU budget above (the cap wins).
+    desired = _bound(spec, cluster=cluster, desired=desired, now=now, clamps=clamps)
+
+    decision = types.Decision(
+        model=policy.key,
+        at=now,
+        current=current,
+        desired=desired,
+        recommendation=raw if candidates else None,
+        winner=winner,
+        signals=tuple(o.reason for o in opinions),
+        clamps=tuple(clamps),
+        forecast=fc,
+        held=bool(stale),
+        notes=tuple(notes),
+    )
+    new_state = _remember(spec, state=state, raw=raw, decision=decision, samples=samples)
+    return decision, new_state
+
+
+def _forecast(
+    spec: model.ScalePolicySpec,
+    *,
+    cluster: types.ClusterState,
+    samples: tuple[types.DemandSample, ...],
+    times: forecast.StartTimes,
+    now: float,
+    demand_now: float | None,
+) -> types.Forecast | None:
+    """Demand at the time a replica started now would be ready.
+
+    Time to ready = pod start (pull + load + readiness, learned when observed), plus a node
+    boot when the replicas to add do not fit on free GPUs. Example: a 70B TP8 replica with
+    no free node: 300 s boot + 120 s pull + 90 s load + 20 s readiness = 530 s; demand
+    rising 0.01 replicas/s is then planned 5.3 replicas higher than now.
+    """
+    if demand_now is None:
+        return None
+    to_add = max(1, recommend.ceil_replicas(demand_now) - cluster.ready - len(cluster.starting))
+    needs_node = cluster.free_replica_slots is not None and cluster.free_replica_slots < to_add
+    time_to_ready = times.pod_start_s + (times.node_boot_s if needs_node else 0.0)
+    trend = forecast.fit_trend(samples, now=now)
+    level = demand_now if trend is None else trend.level
+    slope = 0.0 if trend is None or not spec.forecast.enabled else trend.slope_per_s
+    at_ready = level + slope * time_to_ready
+    at_node_ready = level + slope * (time_to_ready + (0.0 if needs_node else times.node_boot_s))
+    return types.Forecast(
+        time_to_ready_s=time_to_ready,
+        needs_node=needs_node,
+        demand_now=level,
+        slope_per_s=slope,
+        demand_at_ready=at_ready,
+        replicas_at_ready=recommend.ceil_replicas(at_ready),
+        replicas_at_node_ready=recommend.ceil_replicas(at_node_ready),
+    )
+
+
+def _bound(
+    spec: model.ScalePolicySpec,
+    *,
+    cluster: types.ClusterState,
+    desired: int,
+    now: float,
+    clamps: list[types.Clamp],
+) -> int:
+    warm = spec.warm_floor.at(now)
+    floor, floor_name = (warm, "warm_floor") if warm > spec.replicas.min else (
+        spec.replicas.min, "min")
+    if desired < floor:
+        clamps.append(types.Clamp(floor_name, desired, floor, f"{floor_name} is {floor}"))
+        desired = floor
+    caps = [(spec.replicas.max, "max", f"replicas.max is {spec.replicas.max}")]
+    per_replica = spec.resources.gpus_per_replica
+    if spec.budget is not None:
+        caps.append((spec.budget.max_gpus // per_replica, "budget",
+                     f"budget of {spec.budget.max_gpus} GPUs"))
+    if cluster.budget_gpus is not None:
+        caps.append((cluster.budget_gpus // per_replica, "external_budget",
+                     f"tenant or pool budget of {cluster.budget_gpus} GPUs"))
+    for cap, name, detail in caps:
+        if desired > cap:
+            clamps.append(types.Clamp(name, desired, cap, detail))
+            desired = cap
+    return desired
+
+
+def _remember(
+    spec: model.ScalePolicySpec,
+    *,
+    state: types.EngineState,
+    raw: int,
+    decision: types.Decision,
+    samples: tuple[types.DemandSample, ...],
+) -> types.EngineState:
+    """Keep only what the windows need: memory is bounded by time, not by call count."""
+    now = decision.at
+    behavior = spec.behavior
+    keep_recs = max(behavior.scale_up.stabilization_seconds,
+                    behavior.scale_down.stabilization_seconds)
+    keep_events = max(
+        [r.period_seconds for r in (*behavior.scale_up.policies, *behavior.scale_down.policies)]
+        or [0]
+    )
+    recommendations = tuple(r for r in state.recommendations if r.at > now - keep_recs)
+    recommendations = (*recommendations, types.Recommendation(at=now, replicas=raw))
+    events = tuple(e for e in state.events if e.at > now - keep_events)
+    if decision.desired != decision.current:
+        events = (*events, types.ScaleEvent(at=now, delta=decision.desired - decision.current))
+    return dataclasses.replace(
+        state,
+        recommendations=recommendations,
+        events=events,
+        demand=samples,
+        last_desired=decision.desired,
+    )

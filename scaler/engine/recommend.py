@@ -1,0 +1,225 @@
+"""Per-signal replica recommendations (DESIGN 3.1): each signal alone, in replicas."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scaler.engine import types
+from scaler.policy import model
+
+# Fractional replica counts are rounded up, but float noise must not add a replica:
+# 96 requests / 48 per replica is 2.0000000000000004 after some arithmetic, not 3.
+_EPSILON = 1e-9
+
+
+def ceil_replicas(value: float) -> int:
+    return max(0, math.ceil(value - _EPSILON))
+
+
+@dataclass(frozen=True, slots=True)
+class SignalOpinion:
+    """A signal's reading: `demand` in fractional replicas (None = no opinion)."""
+
+    reason: types.SignalReason
+    demand: float | None
+    is_guard: bool = False
+
+    @property
+    def replicas(self) -> int | None:
+        return None if self.demand is None else ceil_replicas(self.demand)
+
+
+def _fresh(value: types.SignalValue | None, stale_after_s: float) -> bool:
+    return (
+        value is not None
+        and math.isfinite(value.value)
+        and value.value >= 0
+        and value.age_s <= stale_after_s
+    )
+
+
+def _reason(
+    name: str,
+    *,
+    value: types.SignalValue | None,
+    fresh: bool,
+    demand: float | None,
+    detail: str,
+) -> types.SignalReason:
+    return types.SignalReason(
+        name=name,
+        value=None if value is None else value.value,
+        age_s=None if value is None else value.age_s,
+        fresh=fresh,
+        recommendation=None if demand is None else ceil_replicas(demand),
+        detail=detail,
+    )
+
+
+def concurrency(
+    spec: model.ConcurrencySignal,
+    *,
+    snapshot: types.SignalSnapshot,
+    cluster: types.ClusterState,
+    stale_after_s: float,
+) -> SignalOpinion:
+    """ceil((waiting + running) / target): the capacity measure.
+
+    It stays high while replicas are busy, so it does not collapse when the queue empties
+    because capacity is finally enough. Running requests are reported by ready replicas;
+    with none ready nothing runs and nobody can report, so the queue alone (from the
+    gateway or the message queue) stands for demand: that is how a model is activated
+    from zero.
+    Example: 30 running + 12 waiting at 48 per replica -> ceil(42 / 48) = 1 replica.
+    """
+    running, waiting = snapshot.in_flight, snapshot.queue_depth
+    running_fresh = _fresh(running, stale_after_s)
+    waiting_fresh = _fresh(waiting, stale_after_s)
+    no_ready_replica = cluster.ready == 0
+    if running_fresh or (no_ready_replica and waiting_fresh):
+        parts = [v for v in (running, waiting) if v is not None and _fresh(v, stale_after_s)]
+        total = sum(v.value for v in parts)
+        demand = total / spec.target_per_replica
+        detail = f"({total:g} running+waiting) / {spec.target_per_replica:g} per replica"
+        combined = types.SignalValue(value=total, age_s=max(v.age_s for v in parts))
+        return SignalOpinion(
+            reason=_reason("concurrency", value=combined, fresh=True, demand=demand,
+                           detail=detail),
+            demand=demand,
+        )
+    detail = "in-flight count missing" if running is None else "in-flight count stale"
+    return SignalOpinion(
+        reason=_reason("concurrency", value=running, fresh=False, demand=None, detail=detail),
+        demand=None,
+    )
+
+
+def queue_depth(
+    spec: model.QueueDepthSignal,
+    *,
+    snapshot: types.SignalSnapshot,
+    cluster: types.ClusterState,
+    stale_after_s: float,
+) -> SignalOpinion:
+    """Queue pressure: waiting beyond the target per ready replica pushes up in proportion.
+
+    ceil(waiting / target) replicas when waiting > target * ready; otherwise no opinion,
+    so an empty queue never pushes the count down on its own.
+    Example: 40 waiting, 4 per replica, 2 ready -> 40 > 8, so 10 replicas.
+    """
+    waiting = snapshot.queue_depth
+    if not _fresh(waiting, stale_after_s) or waiting is None:
+        detail = "queue depth missing" if waiting is None else "queue depth stale"
+        return SignalOpinion(
+            reason=_reason("queue_depth", value=waiting, fresh=False, demand=None,
+                           detail=detail),
+            demand=None,
+        )
+    allowed = spec.target_waiting_per_replica * cluster.ready
+    if waiting.value > allowed:
+        demand = waiting.value / spec.target_waiting_per_replica
+        detail = (f"{waiting.value:g} waiting > {allowed:g} allowed "
+                  f"({spec.target_waiting_per_replica:g} x {cluster.ready} ready)")
+        return SignalOpinion(
+            reason=_reason("queue_depth", value=waiting, fresh=True, demand=demand,
+                           detail=detail),
+            demand=demand,
+        )
+    return SignalOpinion(
+        reason=_reason("queue_depth", value=waiting, fresh=True, demand=None,
+                       detail=f"{waiting.value:g} waiting within {allowed:g}: no opinion"),
+        demand=None,
+    )
+
+
+def tokens_per_second(
+    spec: model.TokensPerSecondSignal,
+    *,
+    snapshot: types.SignalSnapshot,
+    stale_after_s: float,
+) -> SignalOpinion:
+    """ceil(tokens_per_s / (capacity_per_replica * target_utilization)).
+
+    Example: 5,000 tok/s at 2,400 per replica and 0.8 utilisation -> ceil(2.6) = 3.
+    """
+    value = snapshot.tokens_per_second
+    if not _fresh(value, stale_after_s) or value is None:
+        detail = "tokens/s missing" if value is None else "tokens/s stale"
+        return SignalOpinion(
+            reason=_reason("tokens_per_second", value=value, fresh=False, demand=None,
+                           detail=detail),
+            demand=None,
+        )
+    per_replica = spec.capacity_per_replica * spec.target_utilization
+    demand = value.value / per_replica
+    return SignalOpinion(
+        reason=_reason("tokens_per_second", value=value, fresh=True, demand=demand,
+                       detail=f"{value.value:g} tok/s / {per_replica:g} per replica"),
+        demand=demand,
+    )
+
+
+def p95_latency(
+    spec: model.P95LatencySignal,
+    *,
+    snapshot: types.SignalSnapshot,
+    cluster: types.ClusterState,
+    stale_after_s: float,
+) -> SignalOpinion:
+    """A guard: above the SLO, ready replicas x (p95 / SLO); below it, no opinion.
+
+    Scaled from *ready* replicas, so replicas still starting are counted once they are
+    compared with the total: a slow start never makes the guard add yet another replica.
+    Example: p95 3.0 s against a 2.0 s SLO with 4 ready -> 4 x 1.5 = 6 replicas.
+    """
+    value = snapshot.p95_latency_s
+    if not _fresh(value, stale_after_s) or value is None:
+        detail = "p95 latency missing" if value is None else "p95 latency stale"
+        return SignalOpinion(
+            reason=_reason("p95_latency", value=value, fresh=False, demand=None,
+                           detail=detail),
+            demand=None,
+            is_guard=True,
+        )
+    if value.value > spec.slo_seconds and cluster.ready > 0:
+        demand = cluster.ready * value.value / spec.slo_seconds
+        detail = (f"p95 {value.value:.3g}s > SLO {spec.slo_seconds:g}s: "
+                  f"{cluster.ready} ready x {value.value / spec.slo_seconds:.2f}")
+        return SignalOpinion(
+            reason=_reason("p95_latency", value=value, fresh=True, demand=demand,
+                           detail=detail),
+            demand=demand,
+            is_guard=True,
+        )
+    return SignalOpinion(
+        reason=_reason("p95_latency", value=value, fresh=True, demand=None,
+                       detail=f"p95 {value.value:.3g}s within SLO {spec.slo_seconds:g}s"),
+        demand=None,
+        is_guard=True,
+    )
+
+
+def all_opinions(
+    policy: model.ScalePolicySpec,
+    *,
+    snapshot: types.SignalSnapshot,
+    cluster: types.ClusterState,
+) -> list[SignalOpinion]:
+    """Every configured signal's opinion, in a fixed order."""
+    stale_after = policy.stale_after_seconds
+    signals = policy.signals
+    opinions = []
+    if signals.concurrency:
+        opinions.append(concurrency(signals.concurrency, snapshot=snapshot, cluster=cluster,
+                                    stale_after_s=stale_after))
+    if signals.queue_depth:
+        opinions.append(queue_depth(signals.queue_depth, snapshot=snapshot, cluster=cluster,
+                                    stale_after_s=stale_after))
+    if signals.tokens_per_second:
+        opinions.append(tokens_per_second(signals.tokens_per_second, snapshot=snapshot,
+                                          stale_after_s=stale_after))
+    if signals.p95_latency:
+        opinions.append(p95_latency(signals.p95_latency, snapshot=snapshot, cluster=cluster,
+                                    stale_after_s=stale_after))
+    return opinions

@@ -1,0 +1,295 @@
+"""Scripted signal timelines -> expected replicas (in the style of Knative's autoscaler_test)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scaler.engine import decide as engine_decide
+from scaler.engine import types
+from tests.engine.helpers import MONDAY_0600_UTC, Sim, policy, snap
+
+
+def test_concurrency_counts_running_and_waiting() -> None:
+    sim = Sim(policy())
+    # (25 running + 10 waiting) / 10 per replica = 3.5 -> 4
+    assert sim.step(0, snap(running=25, waiting=10)) == 4
+    assert sim.last is not None and sim.last.winner == "concurrency"
+
+
+def test_float_noise_does_not_add_a_replica() -> None:
+    sim = Sim(policy())
+    assert sim.step(0, snap(running=0.1 + 0.2, waiting=29.7)) == 3
+
+
+@pytest.mark.parametrize(
+    ("t", "running", "expected"),
+    [
+        (0, 10, 1),
+        (15, 80, 8),   # 0 s up window: the spike is met at once
+        (30, 80, 8),
+        (45, 95, 10),
+    ],
+)
+def test_spike_with_zero_up_window(t: float, running: float, expected: int) -> None:
+    sim = Sim(policy())
+    timeline = [(0, 10), (15, 80), (30, 80), (45, 95)]
+    result = 0
+    for step_t, step_running in timeline:
+        result = sim.step(step_t, snap(running=step_running, waiting=0))
+        if step_t == t:
+            break
+    assert (t, running, result) == (t, running, expected)
+
+
+def test_drop_is_held_for_the_down_window() -> None:
+    sim = Sim(policy())
+    assert sim.step(0, snap(running=80, waiting=0)) == 8
+    timeline = [(30, 8), (100, 8), (299, 8), (301, 2), (400, 2)]
+    for t, expected in timeline:
+        assert sim.step(t, snap(running=20, waiting=0)) == expected, t
+    assert sim.last is not None
+
+
+def test_down_window_names_its_clamp() -> None:
+    sim = Sim(policy())
+    sim.step(0, snap(running=80, waiting=0))
+    sim.step(60, snap(running=20, waiting=0))
+    assert sim.last is not None
+    assert [c.name for c in sim.last.clamps] == ["stabilization_down"]
+    assert sim.last.recommendation == 2 and sim.last.desired == 8
+
+
+def test_stale_signal_holds_even_after_the_down_window() -> None:
+    sim = Sim(policy())
+    assert sim.step(0, snap(running=80)) == 8
+    for t in (60, 400, 1000):
+        # The in-flight count is 45 s old (stale after 30 s): demand unknown, hold.
+        assert sim.step(t, snap(running=5, age=45)) == 8
+    assert sim.last is not None and sim.last.held
+    assert sim.last.signals[0].fresh is False
+
+
+def test_missing_signal_holds() -> None:
+    sim = Sim(policy(), current=6)
+    assert sim.step(0, snap()) == 6
+    assert sim.step(1000, snap()) == 6
+    assert sim.last is not None and sim.last.winner is None
+
+
+def test_fresh_queue_scales_up_while_concurrency_is_stale() -> None:
+    p = policy(signals={"concurrency": {"targetPerReplica": 10},
+                        "queueDepth": {"targetWaitingPerReplica": 2}})
+    sim = Sim(p, current=2)
+    stale_running = types.SignalValue(value=1, age_s=90)
+    snapshot = types.SignalSnapshot(in_flight=stale_running,
+                                    queue_depth=types.SignalValue(value=20, age_s=0))
+    assert sim.step(0, snapshot) == 10   # 20 waiting / 2 per replica
+    assert sim.last is not None and sim.last.winner == "queue_depth"
+
+
+def test_empty_queue_never_pushes_down_on_its_own() -> None:
+    p = policy(signals={"queueDepth": {"targetWaitingPerReplica": 2}})
+    sim = Sim(p, current=5)
+    for t in (0, 400, 800):
+        assert sim.step(t, snap(waiting=0)) == 5
+
+
+def test_starting_replicas_are_not_double_counted() -> None:
+    p = policy(signals={"concurrency": {"targetPerReplica": 10},
+                        "queueDepth": {"targetWaitingPerReplica": 4},
+                        "p95Latency": {"metric": "ttft", "sloSeconds": 2.0}})
+    sim = Sim(p, current=1, ready_after=60)
+    # 10 running, 30 waiting: 4 replicas by concurrency, 30 / 4 -> 8 by queue pressure.
+    assert sim.step(0, snap(running=10, waiting=30, p95=6.0)) == 8
+    # While 7 replicas start, latency stays high and the queue stays long: the guard
+    # scales from the 1 ready replica (1 x 3 = 3), the queue still asks for 8, so the
+    # replicas already starting cover it and nothing more is added.
+    for t in (10, 20, 40, 59):
+        assert sim.step(t, snap(running=10, waiting=30, p95=6.0)) == 8
+    assert sim.last is not None
+    cluster = sim.cluster(MONDAY_0600_UTC + 59)
+    assert cluster.ready == 1 and len(cluster.starting) == 7
+
+
+def test_latency_guard_pushes_up_in_proportion_and_never_down() -> None:
+    p = policy(signals={"concurrency": {"targetPerReplica": 10},
+                        "p95Latency": {"metric": "ttft", "sloSeconds": 2.0}})
+    sim = Sim(p, current=4)
+    # concurrency says 2; p95 3 s against 2 s with 4 ready -> 6
+    assert sim.step(0, snap(running=20, p95=3.0)) == 6
+    assert sim.last is not None and sim.last.winner == "p95_latency"
+    # Within the SLO the guard has no opinion: concurrency's 2 wins after the window.
+    assert sim.step(400, snap(running=20, p95=0.5)) == 2
+
+
+def test_rate_limit_pods_per_period() -> None:
+    p = policy(behavior={
+        "scaleUp": {"stabilizationSeconds": 0,
+                    "policies": [{"type": "Pods", "value": 4, "periodSeconds": 60}]},
+        "scaleDown": {"stabilizationSeconds": 0, "policies": []},
+    })
+    sim = Sim(p, current=1)
+    assert sim.step(0, snap(running=200)) == 5
+    assert sim.step(30, snap(running=200)) == 5    # 4 added within the last 60 s
+    assert sim.step(61, snap(running=200)) == 9
+    assert sim.last is not None and sim.last.clamps[0].name == "rate_limit_up"
+
+
+def test_rate_limit_percent_down() -> None:
+    p = policy(behavior={
+        "scaleUp": {"stabilizationSeconds": 0, "policies": []},
+        "scaleDown": {"stabilizationSeconds": 0,
+                      "policies": [{"type": "Percent", "value": 20, "periodSeconds": 60}]},
+    })
+    sim = Sim(p, current=10)
+    assert sim.step(0, snap(running=10)) == 8      # 10 x 0.8
+    assert sim.step(30, snap(running=10)) == 8     # period started at 10: floor 8
+    assert sim.step(61, snap(running=10)) == 6     # 8 x 0.8 = 6.4 -> 6 (truncated)
+
+
+def test_scale_to_zero_and_activation_from_first_queued_request() -> None:
+    p = policy(replicas={"min": 0, "max": 10})
+    sim = Sim(p, current=1)
+    assert sim.step(0, snap(running=0, waiting=0)) == 1
+    assert sim.step(301, snap(running=0, waiting=0)) == 0
+    # No replica: nothing reports in-flight; the gateway's queue alone activates.
+    assert sim.step(400, snap(waiting=None)) == 0
+    assert sim.step(410, snap(waiting=1)) == 1
+    assert sim.last is not None and sim.last.winner == "concurrency"
+
+
+def test_missing_series_is_not_zero_demand_at_zero() -> None:
+    p = policy(replicas={"min": 0, "max": 10})
+    sim = Sim(p, current=0)
+    assert sim.step(0, snap()) == 0
+    assert sim.last is not None and sim.last.held
+
+
+def test_schedule_floor_switches_on_at_0800_berlin() -> None:
+    p = policy(warmFloor={"replicas": 1, "schedules": [
+        {"days": "Mon-Fri", "from": "08:00", "to": "20:00", "timeZone": "Europe/Berlin",
+         "replicas": 4}]})
+    sim = Sim(p, current=1)
+    # MONDAY_0600_UTC is 07:00 in Berlin (CET, UTC+1).
+    assert sim.step(3599, snap(running=0)) == 1      # 07:59:59 Berlin
+    assert sim.step(3600, snap(running=0)) == 4      # 08:00 Berlin
+    assert sim.last is not None and sim.last.clamps[-1].name == "warm_floor"
+    # 20:00 Berlin: the floor ends; after the down window, back to 1.
+    assert sim.step(3600 + 12 * 3600 + 301, snap(running=0)) == 1
+
+
+def test_schedule_floor_not_on_saturday() -> None:
+    p = policy(warmFloor={"replicas": 1, "schedules": [
+        {"days": "Mon-Fri", "from": "08:00", "to": "20:00", "timeZone": "Europe/Berlin",
+         "replicas": 4}]})
+    saturday_noon_utc = MONDAY_0600_UTC + 5 * 86400 + 6 * 3600
+    assert p.spec.warm_floor.at(saturday_noon_utc) == 1
+    assert p.spec.warm_floor.at(saturday_noon_utc - 86400) == 4
+
+
+def test_max_and_budget_cap() -> None:
+    p = policy(resources={"gpusPerReplica": 2}, budget={"maxGpus": 8})
+    sim = Sim(p, current=1)
+    assert sim.step(0, snap(running=500)) == 4
+    assert sim.last is not None and sim.last.clamps[-1].name == "budget"
+    external = Sim(policy(), current=1)
+    assert external.step(0, snap(running=500), budget_gpus=6) == 6
+    assert external.step(10, snap(running=500)) == 20   # replicas.max
+
+
+def test_ramp_is_met_before_it_arrives_with_look_ahead() -> None:
+    """Demand grows 0.05 replicas/s; a replica needs 60 s to start.
+
+    Without look-ahead the count only follows demand, so each new replica is ready a
+    minute after it was needed; with it, the count leads demand by about 60 s x 0.05 = 3.
+    """
+    def run(forecast_enabled: bool) -> list[tuple[float, int]]:
+        p = policy(forecast={"enabled": forecast_enabled, "windowSeconds": 120},
+                   replicas={"min": 1, "max": 40})
+        sim = Sim(p, current=1, ready_after=60)
+        out = []
+        for t in range(0, 600, 5):
+            running = 10 * 0.05 * t           # demand in replicas x 10 per replica
+            out.append((t, sim.step(t, snap(running=running))))
+        return out
+
+    with_look_ahead = dict(run(True))
+    without = dict(run(False))
+    for t in range(200, 540, 5):
+        needed_when_ready = math.ceil(0.05 * (t + 60))
+        assert with_look_ahead[t] >= needed_when_ready, t
+        assert without[t] < needed_when_ready, t
+
+
+def test_look_ahead_reports_its_forecast() -> None:
+    p = policy(forecast={"enabled": True, "windowSeconds": 120})
+    sim = Sim(p, current=1)
+    for t in range(0, 121, 10):
+        sim.step(t, snap(running=t))            # +0.1 replicas/s
+    assert sim.last is not None and sim.last.forecast is not None
+    fc = sim.last.forecast
+    assert fc.slope_per_s == pytest.approx(0.1, rel=1e-6)
+    assert fc.time_to_ready_s == 60
+    assert fc.demand_at_ready == pytest.approx(12 + 6, rel=1e-6)
+    assert sim.last.desired == 18 and sim.last.winner == "forecast"
+
+
+def test_node_boot_lengthens_time_to_ready_when_no_gpu_is_free() -> None:
+    p = policy(coldStart={"nodeBootSeconds": 300, "imagePullSeconds": 30,
+                          "modelLoadSeconds": 20, "readinessSeconds": 10, "learn": False})
+    sim = Sim(p, current=1)
+    sim.step(0, snap(running=30), free_replica_slots=0)
+    assert sim.last is not None and sim.last.forecast is not None
+    assert sim.last.forecast.needs_node and sim.last.forecast.time_to_ready_s == 360
+    sim.step(5, snap(running=30), free_replica_slots=8)
+    assert sim.last.forecast is not None
+    assert not sim.last.forecast.needs_node and sim.last.forecast.time_to_ready_s == 60
+
+
+def test_cold_start_is_learned_from_observed_pod_timelines() -> None:
+    p = policy(coldStart={"nodeBootSeconds": 0, "imagePullSeconds": 30,
+                          "modelLoadSeconds": 20, "readinessSeconds": 10, "learn": True})
+    start = MONDAY_0600_UTC
+    # Five starts of 200 s, then five of 100 s (say the image is now cached).
+    observations = tuple(
+        types.ColdStartObservation(created_at=start + 1000 * i,
+                                   ready_at=start + 1000 * i + seconds)
+        for i, seconds in enumerate([200] * 5 + [100] * 5)
+    )
+    decision, state = engine_decide.decide(
+        p, snapshot=snap(running=10), cluster=types.ClusterState(
+            current=1, ready=1, observations=observations),
+        state=types.EngineState(), now=start + 10_000)
+    assert decision.forecast is not None
+    # The first observation replaces the 60 s default; then each moves it 30 % of the way:
+    # 100 + (200 - 100) x 0.7^5.
+    assert decision.forecast.time_to_ready_s == pytest.approx(100 + 100 * 0.7**5)
+    # Observations already learned are not counted again.
+    again, _ = engine_decide.decide(
+        p, snapshot=snap(running=10), cluster=types.ClusterState(
+            current=1, ready=1, observations=observations),
+        state=state, now=start + 10_001)
+    assert again.forecast is not None
+    assert again.forecast.time_to_ready_s == decision.forecast.time_to_ready_s
+
+
+def test_decision_carries_every_reason() -> None:
+    p = policy(signals={"concurrency": {"targetPerReplica": 10},
+                        "tokensPerSecond": {"capacityPerReplica": 1000,
+                                            "targetUtilization": 0.5},
+                        "p95Latency": {"metric": "ttft", "sloSeconds": 2.0}},
+               replicas={"min": 1, "max": 5})
+    sim = Sim(p, current=1)
+    sim.step(0, snap(running=30, tps=4000, p95=1.0))
+    d = sim.last
+    assert d is not None
+    by_name = {s.name: s for s in d.signals}
+    assert by_name["concurrency"].recommendation == 3
+    assert by_name["tokens_per_second"].recommendation == 8
+    assert by_name["p95_latency"].recommendation is None
+    assert d.winner == "tokens_per_second" and d.recommendation == 8
+    assert [(c.name, c.before, c.after) for c in d.clamps] == [("max", 8, 5)]
+    assert d.desired == 5
+    assert "scale up 1->5 (tokens_per_second)" in d.summary
