@@ -1,0 +1,145 @@
+"""Hypothesis properties of the engine: bounds, stale holds, rate limits, determinism."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scaler.engine import decide as engine_decide
+from scaler.engine import types
+from tests.engine.helpers import MONDAY_0600_UTC, policy
+
+value = st.one_of(st.none(), st.floats(min_value=0, max_value=5000, allow_nan=False))
+age = st.floats(min_value=0, max_value=120)
+
+
+@st.composite
+def snapshots(draw: st.DrawFn) -> types.SignalSnapshot:
+    def signal() -> types.SignalValue | None:
+        v = draw(value)
+        return None if v is None else types.SignalValue(value=v, age_s=draw(age))
+
+    return types.SignalSnapshot(queue_depth=signal(), in_flight=signal(),
+                                tokens_per_second=signal(), p95_latency_s=signal())
+
+
+@st.composite
+def policies(draw: st.DrawFn) -> Any:
+    lo = draw(st.integers(0, 5))
+    hi = draw(st.integers(max(lo, 1), 30))
+    floor = draw(st.integers(0, hi))
+    gpus = draw(st.sampled_from([1, 2, 8]))
+    budget = draw(st.one_of(st.none(), st.integers(max(lo, floor, 1) * gpus, 64 * gpus)))
+    up_rule = {"type": draw(st.sampled_from(["Pods", "Percent"])),
+               "value": draw(st.integers(1, 200)), "periodSeconds": draw(st.integers(1, 120))}
+    down_rule = {"type": draw(st.sampled_from(["Pods", "Percent"])),
+                 "value": draw(st.integers(1, 100)),
+                 "periodSeconds": draw(st.integers(1, 120))}
+    overrides: dict[str, Any] = {
+        "replicas": {"min": lo, "max": hi},
+        "warmFloor": {"replicas": floor},
+        "signals": {"concurrency": {"targetPerReplica": draw(st.integers(1, 64))},
+                    "queueDepth": {"targetWaitingPerReplica": draw(st.integers(1, 8))},
+                    "tokensPerSecond": {"capacityPerReplica": 1000},
+                    "p95Latency": {"metric": "ttft", "sloSeconds": 2.0}},
+        "behavior": {
+            "scaleUp": {"stabilizationSeconds": draw(st.integers(0, 60)),
+                        "policies": [up_rule]},
+            "scaleDown": {"stabilizationSeconds": draw(st.integers(0, 600)),
+                          "policies": [down_rule]},
+        },
+        "resources": {"gpusPerReplica": gpus},
+        "forecast": {"enabled": draw(st.booleans()), "windowSeconds": 60},
+    }
+    if budget is not None:
+        overrides["budget"] = {"maxGpus": budget}
+    return policy(**overrides)
+
+
+steps = st.lists(st.tuples(st.floats(min_value=0.5, max_value=90), snapshots()),
+                 min_size=1, max_size=25)
+
+
+def _run(p: Any, start_current: int, timeline: list[tuple[float, types.SignalSnapshot]]
+         ) -> list[tuple[float, types.SignalSnapshot, types.Decision]]:
+    """Apply each decision at once; replicas are ready as soon as they exist."""
+    now, current = MONDAY_0600_UTC, start_current
+    state = types.EngineState()
+    out = []
+    for dt, snapshot in timeline:
+        now += dt
+        cluster = types.ClusterState(current=current, ready=current)
+        decision, state = engine_decide.decide(p, snapshot=snapshot, cluster=cluster,
+                                               state=state, now=now)
+        out.append((now, snapshot, decision))
+        current = decision.desired
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(policies(), st.integers(0, 40), steps)
+def test_bounds_always_hold(p: Any, start: int, timeline: Any) -> None:
+    spec = p.spec
+    cap = spec.replicas.max
+    if spec.budget:
+        cap = min(cap, spec.budget.max_gpus // spec.resources.gpus_per_replica)
+    for now, _, decision in _run(p, start, timeline):
+        floor = max(spec.replicas.min, spec.warm_floor.at(now))
+        assert floor <= decision.desired <= cap
+
+
+@settings(max_examples=200, deadline=None)
+@given(policies(), st.integers(0, 40), steps)
+def test_no_scale_down_while_a_demand_signal_is_stale(p: Any, start: int, timeline: Any
+                                                      ) -> None:
+    cap = p.spec.replicas.max
+    if p.spec.budget:
+        cap = min(cap, p.spec.budget.max_gpus // p.spec.resources.gpus_per_replica)
+    for _, _, decision in _run(p, start, timeline):
+        stale = any(not s.fresh for s in decision.signals if s.name != "p95_latency")
+        if stale and decision.desired < decision.current:
+            # Only a hard cap (max or budget) may lower the count on stale data.
+            assert decision.current > cap and decision.desired == cap
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6), st.integers(5, 120), st.integers(1, 6), st.integers(5, 120), steps)
+def test_rate_limits_never_exceeded_over_any_period(
+    up_pods: int, up_period: int, down_pods: int, down_period: int, timeline: Any
+) -> None:
+    p = policy(
+        replicas={"min": 0, "max": 40},
+        behavior={
+            "scaleUp": {"stabilizationSeconds": 0, "policies": [
+                {"type": "Pods", "value": up_pods, "periodSeconds": up_period}]},
+            "scaleDown": {"stabilizationSeconds": 0, "policies": [
+                {"type": "Pods", "value": down_pods, "periodSeconds": down_period}]},
+        },
+    )
+    changes = [(now, d.desired - d.current) for now, _, d in _run(p, 10, timeline)]
+    def net(end: float, period: int) -> int:
+        return sum(c for t, c in changes if end - period < t <= end)
+
+    for end, _ in changes:
+        # Net movement within each direction's period never exceeds its allowance (an up
+        # move may be offset by a down move within the same period, as in the HPA).
+        assert net(end, up_period) <= up_pods
+        assert -net(end, down_period) <= down_pods
+
+
+@settings(max_examples=100, deadline=None)
+@given(policies(), st.integers(0, 40), steps)
+def test_same_inputs_give_the_same_output(p: Any, start: int, timeline: Any) -> None:
+    first = _run(p, start, timeline)
+    second = _run(p, start, timeline)
+    assert first == second
+    # And one call twice with the same state is the same decision and state.
+    now, snapshot, _ = first[-1]
+    cluster = types.ClusterState(current=start, ready=start)
+    a = engine_decide.decide(p, snapshot=snapshot, cluster=cluster,
+                             state=types.EngineState(), now=now)
+    b = engine_decide.decide(p, snapshot=snapshot, cluster=cluster,
+                             state=types.EngineState(), now=now)
+    assert a == b
