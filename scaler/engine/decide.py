@@ -29,9 +29,13 @@ def decide(
     stale = [o.reason.name for o in demand_opinions if not o.reason.fresh]
     notes: list[str] = []
 
-    # 1. Demand now, in fractional replicas: the max over fresh demand signals.
-    demand_values = [(o.demand, o.reason.name) for o in demand_opinions if o.demand is not None]
-    demand_now = max(demand_values)[0] if demand_values else None
+    # 1. Demand now, in fractional replicas: the max over the fresh capacity measures
+    #    (concurrency, tokens/s). Queue pressure is left out of the trend: a queue builds
+    #    while capacity lags and drains once it arrives, so its swings are the scaler's
+    #    own echo, not a change in load. It is the demand only when nothing else is set.
+    capacity = [o for o in demand_opinions if o.reason.name != "queue_depth"] or demand_opinions
+    demand_values = [o.demand for o in capacity if o.demand is not None]
+    demand_now = max(demand_values) if demand_values else None
 
     # 2. Cold-start look-ahead.
     times, state = forecast.learn_start_times(spec.cold_start, state=state,
