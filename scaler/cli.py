@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from scaler.actuators import cli as kube_cli
 from scaler.policy import cli as policy_cli
 from scaler.service import cli as service_cli
 from scaler.sim import cli as sim_cli
@@ -17,7 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Event-driven autoscaler for GPU inference on Kubernetes.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (policy_cli, sim_cli, service_cli):
+    for module in (policy_cli, sim_cli, service_cli, kube_cli):
         module.register(subparsers)
     return parser
 

@@ -321,6 +321,19 @@ class Resources(_Model):
         return value
 
 
+class Toleration(_Model):
+    """A Kubernetes toleration (core/v1), for the pool's taints."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+
+    def manifest(self) -> dict[str, str]:
+        """As the API spells it, without unset fields."""
+        return {k: v for k, v in self.model_dump(by_alias=True).items() if v is not None}
+
+
 class NodePool(_Model):
     name: str
     gpus_per_node: int = Field(default=8, ge=1)
@@ -328,6 +341,9 @@ class NodePool(_Model):
     max_nodes: int | None = Field(default=None, ge=1)
     actuator: Literal["placeholder", "clusterapi", "none"] = "placeholder"
     node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: tuple[Toleration, ...] | None = Field(
+        default=None, description="tolerations of the pool's taints for placeholder pods; "
+        "None = the service-wide default (nvidia.com/gpu Exists NoSchedule)")
     machine_deployment: str | None = Field(default=None, description="for actuator clusterapi")
     scale_down: bool = Field(default=False, description="let the scaler remove nodes")
 

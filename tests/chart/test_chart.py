@@ -10,6 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from scaler.actuators import rbac
 from scaler.policy import loader
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +41,7 @@ def example_policies() -> dict[str, str]:
 FULL = {
     "policies": example_policies(),
     "rbac": {"clusterApi": True, "extraScaleTargets": [
-        {"apiGroup": "leaderworkerset.x-k8s.io", "resources": ["leaderworkersets"]}]},
+        {"apiGroup": "example.com", "resources": ["llamas"]}]},
     "externalMetricsApi": {"tlsSecret": "scaler-tls", "caBundle": "Q0E="},
 }
 
@@ -74,27 +75,36 @@ def test_policies_in_the_configmap_load_without_errors(tmp_path: Path) -> None:
     assert len(result.policies) == len(example_policies())
 
 
-def test_rbac_is_no_wider_than_needed() -> None:
+def _grants(objects: list[dict[str, Any]]) -> set[tuple[str, str, str, str]]:
+    """(namespace or '*', group, resource, verb) for every rule of every Role/ClusterRole."""
+    out = set()
+    for obj in objects:
+        if obj["kind"] not in ("Role", "ClusterRole"):
+            continue
+        scope = obj["metadata"].get("namespace", "RELEASE") if obj["kind"] == "Role" else "*"
+        for rule in obj["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        out.add((scope, group, resource, verb))
+    return out
+
+
+def test_rbac_is_exactly_what_the_code_uses() -> None:
+    """The chart grants what scaler.actuators.rbac documents (whose own test records every
+    request the adapters make), plus the aggregated API server's usual grants."""
     rendered = render(FULL)
-    rules = [r for o in rendered["rbac.yaml"] if o["kind"] in ("ClusterRole", "Role")
-             for r in o.get("rules", [])]
-    for rule in rules:
-        assert "*" not in rule["verbs"]
-        if "external.metrics.k8s.io" not in rule["apiGroups"]:
-            assert "*" not in rule["resources"]
-        # Targets are only ever patched through their scale subresource, cluster-wide.
-        if {"patch", "update"} & set(rule["verbs"]) and rule["apiGroups"] != [
-                "coordination.k8s.io"]:
-            assert all(r.endswith("/scale") or r == "events" for r in rule["resources"]) or (
-                rule["resources"] == ["deployments"])
-    cluster_role = next(o for o in rendered["rbac.yaml"] if o["kind"] == "ClusterRole")
-    deployment_writes = [r for r in cluster_role["rules"]
-                         if "deployments" in r["resources"] and set(r["verbs"]) - {
-                             "get", "list", "watch"}]
-    assert deployment_writes == [], "only the namespaced Role may write Deployments"
-    scale = {res for r in cluster_role["rules"] for res in r["resources"] if "/scale" in res}
-    assert scale == {"deployments/scale", "statefulsets/scale", "leaderworkersets/scale",
-                     "machinedeployments/scale"}
+    chart = _grants(rendered["rbac.yaml"])
+    code = _grants(rbac.manifests(name="scaler", lease_namespace="RELEASE",
+                                  placeholder_namespace="RELEASE",
+                                  clusterapi_namespace="default"))
+    extras = {("*", "external.metrics.k8s.io", "*", "get"),
+              ("*", "external.metrics.k8s.io", "*", "list"),
+              ("*", "example.com", "llamas/scale", "get"),
+              ("*", "example.com", "llamas/scale", "patch")}
+    assert chart - extras == code
+    assert extras <= chart
+    assert not any(verb == "*" for *_, verb in chart)
 
 
 def test_tls_secret_is_mounted_and_named_in_settings() -> None:

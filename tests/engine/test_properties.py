@@ -122,9 +122,12 @@ def test_rate_limits_never_exceeded_over_any_period(
     def net(end: float, period: int) -> int:
         return sum(c for t, c in changes if end - period < t <= end)
 
-    for end, _ in changes:
-        # Net movement within each direction's period never exceeds its allowance (an up
-        # move may be offset by a down move within the same period, as in the HPA).
+    for end, change in changes:
+        if change == 0:
+            continue
+        # At every change, the net movement within each direction's period ending then
+        # never exceeds its allowance (an up move may be offset by a down move within the
+        # same period, as in the HPA, whose period starts at the count before it).
         assert net(end, up_period) <= up_pods
         assert -net(end, down_period) <= down_pods
 

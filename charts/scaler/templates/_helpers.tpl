@@ -30,7 +30,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{/* The settings file: chart values, plus what the chart itself decides (Lease, placeholder). */}}
 {{- define "scaler.settings" -}}
 {{- $kube := dict "lease" (dict "namespace" .Release.Namespace "name" (printf "%s-leader" (include "scaler.fullname" .))) -}}
-{{- $kube = merge $kube (dict "placeholder" (dict "namespace" .Release.Namespace "priority_class" .Values.placeholder.priorityClass.name)) -}}
+{{- $kube = merge $kube (dict "placeholder" (dict "namespace" .Release.Namespace "priority_class" .Values.placeholder.priorityClass.name) "clusterapi_namespace" .Values.rbac.clusterApiNamespace) -}}
 {{- $s := deepCopy .Values.settings -}}
 {{- $_ := set $s "kube" (merge (default dict $s.kube) $kube) -}}
 {{- if .Values.externalMetricsApi.tlsSecret -}}

@@ -1,0 +1,103 @@
+"""Protocols the service calls to read and change a cluster (a simulated cluster too)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from scaler.engine import types
+from scaler.policy import model
+
+
+class Outcome(enum.StrEnum):
+    """What an actuator did with a decision or a node plan."""
+
+    APPLIED = "applied"  # the change was written
+    UNCHANGED = "unchanged"  # desired equals what the cluster has: nothing was written
+    CONFLICT = "conflict"  # the object changed under us: re-read and re-decide
+    SKIPPED_HPA_OWNED = "skipped_hpa_owned"  # an HPA or KEDA ScaledObject owns the target
+    NOT_LEADER = "not_leader"  # another replica holds the Lease: only the leader writes
+    DRY_RUN = "dry_run"  # computed and logged; nothing was written
+    FAILED = "failed"  # gave up after the retry settings; the reason says why
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyOutcome:
+    """The result of one apply.
+
+    previous: replicas (or nodes, placeholder pods) the cluster had when we read it;
+      None when it could not be read.
+    desired: what we wanted (after clamping, e.g. to a MachineDeployment's max).
+    reason: one line for logs and the audit trail.
+    """
+
+    outcome: Outcome
+    target: str
+    previous: int | None
+    desired: int
+    reason: str = ""
+
+    @property
+    def written(self) -> bool:
+        return self.outcome is Outcome.APPLIED
+
+
+@runtime_checkable
+class ClusterReader(Protocol):
+    """What the engine needs to know about a policy's target, read from the cluster."""
+
+    async def read(self, policy: model.ScalePolicy) -> types.ClusterState: ...
+
+
+@runtime_checkable
+class ReplicaActuator(Protocol):
+    """Writes a decision's replicas to the target's scale subresource (or would, in dry-run)."""
+
+    async def apply(self, policy: model.ScalePolicy, decision: types.Decision) -> ApplyOutcome: ...
+
+
+@runtime_checkable
+class NodePoolActuator(Protocol):
+    """Makes a node pool match a NodePlan (placeholder pods, Cluster API, ...)."""
+
+    async def apply(self, pool: model.NodePool, plan: types.NodePlan) -> ApplyOutcome: ...
+
+
+@runtime_checkable
+class LeaderElector(Protocol):
+    """Only the leader writes. `is_leader` must turn False before another replica can take
+    over, so two replicas never both believe they lead."""
+
+    @property
+    def identity(self) -> str: ...
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    async def run(self) -> None:
+        """Acquire and renew until cancelled."""
+
+    async def release(self) -> None:
+        """Give the lease up (on shutdown), so another replica takes over at once."""
+
+
+class AlwaysLeader:
+    """A LeaderElector for a single replica, the simulator and tests without a Lease."""
+
+    def __init__(self, identity: str = "single") -> None:
+        self._identity = identity
+
+    @property
+    def identity(self) -> str:
+        return self._identity
+
+    @property
+    def is_leader(self) -> bool:
+        return True
+
+    async def run(self) -> None:
+        return None
+
+    async def release(self) -> None:
+        return None

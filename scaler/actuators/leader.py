@@ -1,0 +1,154 @@
+"""Leader election on a coordination.k8s.io/v1 Lease: acquire, renew, release, take over."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from scaler.actuators import client as kube
+from scaler.actuators import settings as kube_settings
+from scaler.actuators import timefmt
+
+log = logging.getLogger(__name__)
+
+
+class LeaseElector:
+    """Implements `base.LeaderElector` with client-go's algorithm.
+
+    Expiry is judged on the local clock, not the Lease's timestamps: a follower notes when
+    it last saw the Lease change (its resourceVersion) and takes over only after
+    `leaseDurationSeconds` more without a change. Clock skew between nodes thus cannot
+    cause two leaders. Every write carries the resourceVersion that was read, so of two
+    candidates racing for an expired Lease exactly one wins and the other gets 409.
+
+    `monotonic` defaults to the event loop clock; `wall_clock` stamps acquireTime and
+    renewTime (MicroTime), which are informational for humans and `kubectl`.
+    """
+
+    def __init__(self, api: kube.KubeApi, *, settings: kube_settings.LeaseSettings,
+                 identity: str, wall_clock: timefmt.WallClock,
+                 monotonic: Callable[[], float] | None = None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        self.api = api
+        self.settings = settings
+        self._identity = identity
+        self.wall_clock = wall_clock
+        self._monotonic = monotonic
+        self._sleep = sleep
+        self._observed_version: str | None = None
+        self._observed_at = 0.0
+        self._renewed_at: float | None = None
+        self.transitions = 0  # times this elector became leader
+
+    @property
+    def identity(self) -> str:
+        return self._identity
+
+    @property
+    def path(self) -> str:
+        return (f"/apis/coordination.k8s.io/v1/namespaces/{self.settings.namespace}"
+                f"/leases/{self.settings.name}")
+
+    def _now(self) -> float:
+        return self._monotonic() if self._monotonic else asyncio.get_running_loop().time()
+
+    @property
+    def is_leader(self) -> bool:
+        """True only within `renew_deadline_s` of the last successful renew: a leader that
+        cannot reach the API stops acting before anyone else may take over."""
+        if self._renewed_at is None:
+            return False
+        return self._now() - self._renewed_at < self.settings.renew_deadline_s
+
+    def _observe(self, lease: kube.Obj, now: float) -> None:
+        version = str(lease["metadata"]["resourceVersion"])
+        if version != self._observed_version:
+            self._observed_version = version
+            self._observed_at = now
+
+    def _became_leader(self, now: float) -> None:
+        if not self.is_leader:
+            self.transitions += 1
+            log.info("%s is now the leader (lease %s)", self._identity, self.settings.name)
+        self._renewed_at = now
+
+    def _lost(self, why: str) -> None:
+        if self._renewed_at is not None:
+            log.warning("%s lost leadership: %s", self._identity, why)
+        self._renewed_at = None
+
+    async def try_acquire_or_renew(self) -> bool:
+        """One round: create, renew or take over the Lease. Returns whether we lead."""
+        now = self._now()
+        stamp = timefmt.micro_time(self.wall_clock())
+        try:
+            lease = await self.api.get(self.path)
+        except kube.KubeError as error:
+            if not error.not_found:
+                log.info("lease read failed: %s", error)
+                return self.is_leader
+            return await self._create(now, stamp)
+        self._observe(lease, now)
+        spec: dict[str, Any] = dict(lease.get("spec") or {})
+        holder = spec.get("holderIdentity") or ""
+        duration = int(spec.get("leaseDurationSeconds") or self.settings.lease_duration_s)
+        if holder and holder != self._identity and now < self._observed_at + duration:
+            self._lost(f"held by {holder}")
+            return False
+        if holder != self._identity:
+            spec.update(holderIdentity=self._identity, acquireTime=stamp,
+                        leaseTransitions=int(spec.get("leaseTransitions") or 0) + 1)
+        spec.update(renewTime=stamp, leaseDurationSeconds=self.settings.lease_duration_s)
+        try:
+            updated = await self.api.request("PUT", self.path, body={**lease, "spec": spec})
+        except kube.KubeError as error:
+            if error.conflict:
+                self._lost("another candidate wrote the lease first")
+                return False
+            log.info("lease update failed: %s", error)
+            return self.is_leader
+        self._observe(updated, now)
+        self._became_leader(now)
+        return True
+
+    async def _create(self, now: float, stamp: str) -> bool:
+        body = {
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": self.settings.name, "namespace": self.settings.namespace},
+            "spec": {"holderIdentity": self._identity, "acquireTime": stamp,
+                     "renewTime": stamp, "leaseTransitions": 0,
+                     "leaseDurationSeconds": self.settings.lease_duration_s},
+        }
+        try:
+            created = await self.api.request("POST", self.path.rpartition("/")[0], body=body)
+        except kube.KubeError as error:
+            log.info("lease create failed: %s", error)  # 409: another candidate created it
+            return False
+        self._observe(created, now)
+        self._became_leader(now)
+        return True
+
+    async def run(self) -> None:
+        """Acquire, then renew every `retry_period_s`, until cancelled."""
+        while True:
+            await self.try_acquire_or_renew()
+            await self._sleep(self.settings.retry_period_s)
+
+    async def release(self) -> None:
+        """On shutdown: clear holderIdentity so a follower takes over on its next round,
+        instead of waiting `leaseDurationSeconds` for expiry."""
+        if self._renewed_at is None:
+            return
+        self._renewed_at = None
+        try:
+            lease = await self.api.get(self.path)
+            spec = dict(lease.get("spec") or {})
+            if spec.get("holderIdentity") != self._identity:
+                return
+            spec.pop("holderIdentity", None)
+            spec.update(leaseDurationSeconds=1, renewTime=timefmt.micro_time(self.wall_clock()))
+            await self.api.request("PUT", self.path, body={**lease, "spec": spec})
+        except kube.KubeError as error:
+            log.warning("lease release failed (others take over after expiry): %s", error)

@@ -1,0 +1,139 @@
+"""The cluster reader: a target's replicas, its pods' start timelines and the pool's free GPUs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+
+from scaler.actuators import client as kube
+from scaler.actuators import resources, selectors, timefmt, timeline, watch
+from scaler.actuators import settings as kube_settings
+from scaler.engine import types
+from scaler.policy import model
+
+_MAX_OBSERVATIONS = 1024  # across all models; a few per model per hour is typical
+
+
+class KubeClusterReader:
+    """Implements `base.ClusterReader`.
+
+    `spec.replicas` is read from the target's `/scale` at each call (one GET), so a change
+    made by someone else is seen at once. Pods and nodes come from two watched informers,
+    not polls: ready and starting replicas, each pod's start timeline (learned the moment
+    it turns Ready) and the free GPUs of the policy's node pool.
+    Start with `start()` and stop with `stop()`; `read` waits for the first list.
+    """
+
+    def __init__(self, api: kube.KubeApi, *, settings: kube_settings.KubeSettings,
+                 wall_clock: timefmt.WallClock) -> None:
+        self.api = api
+        self.settings = settings
+        self.wall_clock = wall_clock
+        self.pods = watch.Informer(api, path="/api/v1/pods", settings=settings,
+                                   on_change=self._on_pod)
+        self.nodes = watch.Informer(api, path="/api/v1/nodes", settings=settings,
+                                    on_change=self._on_node)
+        # uid -> timeline of pods that turned Ready, oldest first. The observation is made
+        # when read, not when the pod turns Ready: the node watch may not have delivered the
+        # pod's (new) node yet, and its creation time decides the node-boot part.
+        self._ready: OrderedDict[str, timeline.PodTimeline] = OrderedDict()
+        # node name -> creationTimestamp, kept after the node is gone (scale-down)
+        self._node_created: OrderedDict[str, float] = OrderedDict()
+        # Parsed views, kept current by the watch callbacks, so a read costs the pods of
+        # one namespace, not a parse of every pod in the cluster.
+        self._pods_by_namespace: dict[str, dict[str, timeline.PodTimeline]] = {}
+        self._node_infos: dict[str, timeline.NodeInfo] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self.pods.run(), name="kube-informer-pods"),
+            asyncio.create_task(self.nodes.run(), name="kube-informer-nodes"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    async def wait_synced(self) -> None:
+        async with asyncio.timeout(self.settings.request_timeout_s):
+            await self.pods.synced.wait()
+            await self.nodes.synced.wait()
+
+    def _on_node(self, kind: str, node: kube.Obj) -> None:
+        info = timeline.node_info(node)
+        if kind == "DELETED":
+            self._node_infos.pop(info.name, None)
+        else:
+            self._node_infos[info.name] = info
+        if info.created_at is not None:
+            self._node_created[info.name] = info.created_at
+            while len(self._node_created) > _MAX_OBSERVATIONS:
+                self._node_created.popitem(last=False)
+
+    def _on_pod(self, kind: str, pod: kube.Obj) -> None:
+        pod_timeline = timeline.pod_timeline(pod)
+        in_namespace = self._pods_by_namespace.setdefault(pod_timeline.namespace, {})
+        if kind == "DELETED":
+            in_namespace.pop(pod_timeline.name, None)
+            return  # keep what it taught us in _ready; the window prunes it later
+        in_namespace[pod_timeline.name] = pod_timeline
+        if (pod_timeline.uid in self._ready or pod_timeline.placeholder
+                or pod_timeline.ready_at is None):
+            return
+        self._ready[pod_timeline.uid] = pod_timeline
+        while len(self._ready) > _MAX_OBSERVATIONS:
+            self._ready.popitem(last=False)
+
+    def observations(self, namespace: str, selector: selectors.Selector
+                     ) -> tuple[types.ColdStartObservation, ...]:
+        """Start observations of pods the selector picks, within the window, oldest first."""
+        since = self.wall_clock() - self.settings.observation_window_s
+        found = []
+        for pod in self._ready.values():
+            if pod.namespace != namespace or not selector.matches(pod.labels):
+                continue
+            node_created_at = self._node_created.get(pod.node_name or "")
+            observation = timeline.cold_start(pod, node_created_at=node_created_at)
+            if observation is not None and observation.ready_at >= since:
+                found.append(observation)
+        return tuple(sorted(found, key=lambda o: o.ready_at))
+
+    def pool_capacity(self, pool: model.NodePool, *, resource_name: str,
+                      gpus_per_replica: int) -> timeline.PoolCapacity:
+        return timeline.pool_capacity(
+            nodes=list(self._node_infos.values()),
+            pods=[p for pods in self._pods_by_namespace.values() for p in pods.values()],
+            node_selector=pool.node_selector, resource_name=resource_name,
+            gpus_per_replica=gpus_per_replica,
+        )
+
+    async def read(self, policy: model.ScalePolicy) -> types.ClusterState:
+        await self.wait_synced()
+        ref = resources.target_ref(policy, plurals=self.settings.resource_plurals)
+        scale = await self.api.get(ref.scale_path)
+        current = int((scale.get("spec") or {}).get("replicas") or 0)
+        raw_selector = (scale.get("status") or {}).get("selector")
+        if raw_selector:
+            selector = selectors.parse_selector(str(raw_selector))
+            pods = self._pods_by_namespace.get(ref.namespace, {}).values()
+            mine = [p for p in pods if p.live and selector.matches(p.labels)]
+            ready = sum(1 for p in mine if p.ready)
+            starting = tuple(sorted(p.created_at for p in mine if not p.ready))
+            observations = self.observations(ref.namespace, selector)
+        else:
+            # A scale subresource without a selector: trust its replica count as ready.
+            ready = int((scale.get("status") or {}).get("replicas") or 0)
+            starting, observations = (), ()
+        free_slots = None
+        if policy.spec.node_pool is not None:
+            free_slots = self.pool_capacity(
+                policy.spec.node_pool, resource_name=policy.spec.resources.resource_name,
+                gpus_per_replica=policy.spec.resources.gpus_per_replica).free_replica_slots
+        return types.ClusterState(current=current, ready=ready, starting=starting,
+                                  free_replica_slots=free_slots, observations=observations)

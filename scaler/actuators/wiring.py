@@ -1,0 +1,66 @@
+"""Build every Kubernetes adapter from settings over one shared client, and close them."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+from scaler.actuators import base, events, leader, nodepool, replicas, state, timefmt
+from scaler.actuators import client as kube
+from scaler.actuators import settings as kube_settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class KubeAdapters:
+    """What the service needs: reader, replica actuator, pool actuators by the pool's
+    `actuator` name, the leader elector. `start()` starts the reader's watches; the service
+    runs `leader.run()` as a supervised task; `close()` releases the Lease and the client."""
+
+    api: kube.KubeApi
+    reader: state.KubeClusterReader
+    replicas: replicas.KubeReplicaActuator
+    leader: base.LeaderElector
+    recorder: events.EventRecorder
+    pools: dict[str, base.NodePoolActuator] = field(default_factory=dict)
+
+    async def start(self) -> None:
+        await self.reader.start()
+
+    async def close(self) -> None:
+        await self.reader.stop()
+        with contextlib.suppress(kube.KubeError):
+            await self.leader.release()
+        await self.api.api_client.close()
+
+
+async def connect(settings: kube_settings.KubeSettings, *, identity: str,
+                  wall_clock: timefmt.WallClock) -> KubeAdapters:
+    """One ApiClient and every adapter over it. With `lease.enabled` false this replica
+    always leads (a single replica, or a shard with its own leader elsewhere)."""
+    api_client = await kube.make_api_client(settings)
+    api = kube.KubeApi(api_client, timeout_s=settings.request_timeout_s, retry=settings.retry)
+    elector: base.LeaderElector
+    if settings.lease.enabled:
+        elector = leader.LeaseElector(api, settings=settings.lease, identity=identity,
+                                      wall_clock=wall_clock)
+    else:
+        elector = base.AlwaysLeader(identity)
+    recorder = events.EventRecorder(api, settings=settings.events, wall_clock=wall_clock,
+                                    instance=identity)
+    if settings.dry_run:
+        log.warning("dry-run: decisions are computed and logged, nothing is patched")
+    return KubeAdapters(
+        api=api,
+        reader=state.KubeClusterReader(api, settings=settings, wall_clock=wall_clock),
+        replicas=replicas.KubeReplicaActuator(api, settings=settings, recorder=recorder,
+                                              leader=elector),
+        leader=elector,
+        recorder=recorder,
+        pools={
+            "placeholder": nodepool.PlaceholderActuator(api, settings=settings, leader=elector),
+            "clusterapi": nodepool.ClusterApiActuator(api, settings=settings, leader=elector),
+        },
+    )

@@ -1,0 +1,191 @@
+"""A tiny Deployment and scheduler controller for the emulator: replicas -> pods -> Ready."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from dataclasses import dataclass
+
+from scaler.actuators import selectors, timeline
+from scaler.actuators.timefmt import parse_time, rfc3339
+from scaler.testing.kube_emulator.server import KubeEmulator
+from scaler.testing.kube_emulator.store import Obj, StoreError
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerSettings:
+    """Delays of each step of a pod's start, in wall-clock seconds of the emulator's clock.
+
+    With schedule 1 s, start 60 s (image pull + model load) and ready 20 s, a pod created
+    at t is scheduled at t+1, running at t+61 and Ready at t+81: 81 s of cold start.
+    """
+
+    schedule_delay_s: float = 0.0
+    start_delay_s: float = 0.0
+    ready_delay_s: float = 0.0
+    interval_s: float = 0.05
+
+
+class EmulatorController:
+    """Reconciles Deployments into pods and walks pods through their start.
+
+    Call `reconcile()` for one deterministic pass (tests with a fake clock), or `run()` as
+    a background task. Pods land on a Ready, schedulable node with enough free extended
+    resources (GPUs); when the store holds no nodes at all, they land on a virtual node.
+    """
+
+    def __init__(self, emulator: KubeEmulator, settings: ControllerSettings) -> None:
+        self.emulator = emulator
+        self.settings = settings
+        self._pods = emulator.resource("", "pods")
+        self._deployments = emulator.resource("apps", "deployments")
+        self._nodes = emulator.resource("", "nodes")
+
+    async def run(self) -> None:
+        while True:
+            self.reconcile()
+            await asyncio.sleep(self.settings.interval_s)
+
+    def reconcile(self) -> None:
+        for deployment in self.emulator.store.list(self._deployments, None):
+            with contextlib.suppress(StoreError):  # deleted or changed meanwhile: next pass
+                self._reconcile_deployment(deployment)
+        for pod in self.emulator.store.list(self._pods, None):
+            with contextlib.suppress(StoreError):
+                self._advance(pod)
+        for deployment in self.emulator.store.list(self._deployments, None):
+            with contextlib.suppress(StoreError):
+                self._status(deployment)
+
+    def _owned(self, deployment: Obj) -> list[Obj]:
+        uid = deployment["metadata"]["uid"]
+        return [
+            p for p in self.emulator.store.list(self._pods, deployment["metadata"]["namespace"])
+            if any(o.get("uid") == uid for o in p["metadata"].get("ownerReferences") or [])
+        ]
+
+    def _reconcile_deployment(self, deployment: Obj) -> None:
+        store = self.emulator.store
+        meta, spec = deployment["metadata"], deployment.get("spec") or {}
+        pods = self._owned(deployment)
+        want = int(spec.get("replicas", 1))
+        template = spec.get("template") or {}
+        for _ in range(want - len(pods)):
+            pod_meta = dict(template.get("metadata") or {})
+            pod_meta.update({
+                "name": f"{meta['name']}-{uuid.uuid4().hex[:10]}",
+                "labels": dict((template.get("metadata") or {}).get("labels") or {}),
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment",
+                                     "name": meta["name"], "uid": meta["uid"],
+                                     "controller": True}],
+            })
+            store.create(self._pods, meta["namespace"], {
+                "metadata": pod_meta, "spec": dict(template.get("spec") or {}),
+                "status": {"phase": "Pending"},
+            })
+        if len(pods) > want:
+            # Remove the least useful first, as the ReplicaSet controller does: not ready,
+            # then the newest.
+            def rank(pod: Obj) -> tuple[bool, str]:
+                ready = timeline.is_true(pod, "Ready")
+                return (ready, "~" + pod["metadata"]["creationTimestamp"])
+
+            for pod in sorted(pods, key=rank)[: len(pods) - want]:
+                store.delete(self._pods, meta["namespace"], pod["metadata"]["name"])
+
+    def _node_for(self, pod: Obj) -> str | None:
+        nodes = self.emulator.store.list(self._nodes, None)
+        if not nodes:
+            return "emulator-node"
+        need = timeline.extended_requests(pod)
+        wanted_labels = (pod.get("spec") or {}).get("nodeSelector") or {}
+        pods = self.emulator.store.list(self._pods, None)
+        for node in nodes:
+            labels = node["metadata"].get("labels") or {}
+            ready = timeline.is_true(node, "Ready")
+            if not ready or (node.get("spec") or {}).get("unschedulable"):
+                continue
+            if not selectors.Selector(tuple(
+                    selectors.Requirement(k, "=", frozenset({v}))
+                    for k, v in wanted_labels.items())).matches(labels):
+                continue
+            allocatable = (node.get("status") or {}).get("allocatable") or {}
+            used: dict[str, int] = {}
+            for other in pods:
+                if (other.get("spec") or {}).get("nodeName") == node["metadata"]["name"]:
+                    for name, value in timeline.extended_requests(other).items():
+                        used[name] = used.get(name, 0) + value
+            if all(int(allocatable.get(n, 0)) - used.get(n, 0) >= v for n, v in need.items()):
+                return str(node["metadata"]["name"])
+        return None
+
+    def _advance(self, pod: Obj) -> None:
+        store, settings = self.emulator.store, self.settings
+        now = store.clock()
+        meta = pod["metadata"]
+        created = parse_time(meta.get("creationTimestamp")) or now
+        status = dict(pod.get("status") or {})
+        conditions = list(status.get("conditions") or [])
+        scheduled = timeline.condition(pod, "PodScheduled")
+        changed = False
+        if scheduled is None or scheduled.get("status") != "True":
+            if now - created < settings.schedule_delay_s:
+                return
+            node = self._node_for(pod)
+            if node is None:
+                if scheduled is None:
+                    conditions.append({"type": "PodScheduled", "status": "False",
+                                       "reason": "Unschedulable",
+                                       "lastTransitionTime": rfc3339(now)})
+                    status["conditions"] = conditions
+                    store.update(self._pods, meta["namespace"], meta["name"],
+                                 {**pod, "status": status}, subresource="status")
+                return
+            conditions = [c for c in conditions if c.get("type") != "PodScheduled"]
+            conditions.append({"type": "PodScheduled", "status": "True",
+                               "lastTransitionTime": rfc3339(now)})
+            pod = {**pod, "spec": {**(pod.get("spec") or {}), "nodeName": node}}
+            pod = store.update(self._pods, meta["namespace"], meta["name"], pod)
+            status["conditions"] = conditions
+            store.update(self._pods, meta["namespace"], meta["name"],
+                         {**pod, "status": status}, subresource="status")
+            return
+        scheduled_at = parse_time(scheduled.get("lastTransitionTime")) or now
+        containers = (pod.get("spec") or {}).get("containers") or []
+        if status.get("phase") == "Pending" and now - scheduled_at >= settings.start_delay_s:
+            status["phase"] = "Running"
+            status["containerStatuses"] = [
+                {"name": c.get("name", "main"), "image": c.get("image", "pause"), "imageID": "",
+                 "ready": False, "started": True, "restartCount": 0,
+                 "state": {"running": {"startedAt": rfc3339(now)}}} for c in containers]
+            changed = True
+        elif status.get("phase") == "Running" and timeline.condition(pod, "Ready") is None:
+            started = min((parse_time(s["state"]["running"]["startedAt"]) or now
+                           for s in status.get("containerStatuses") or []), default=now)
+            if now - started >= settings.ready_delay_s:
+                for kind in ("ContainersReady", "Ready"):
+                    conditions.append({"type": kind, "status": "True",
+                                       "lastTransitionTime": rfc3339(now)})
+                status["conditions"] = conditions
+                for container in status.get("containerStatuses") or []:
+                    container["ready"] = True
+                changed = True
+        if changed:
+            store.update(self._pods, meta["namespace"], meta["name"], {**pod, "status": status},
+                         subresource="status")
+
+    def _status(self, deployment: Obj) -> None:
+        pods = self._owned(deployment)
+        ready = sum(1 for p in pods if timeline.is_true(p, "Ready"))
+        selector = selectors.from_label_selector(
+            (deployment.get("spec") or {}).get("selector") or {})
+        status = {
+            "observedGeneration": deployment["metadata"].get("generation", 1),
+            "replicas": len(pods), "updatedReplicas": len(pods), "readyReplicas": ready,
+            "availableReplicas": ready, "selector": str(selector),
+        }
+        if deployment.get("status") != status:
+            meta = deployment["metadata"]
+            self.emulator.store.update(self._deployments, meta["namespace"], meta["name"],
+                                       {**deployment, "status": status}, subresource="status")

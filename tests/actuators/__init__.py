@@ -1,0 +1,1 @@
+"""Tests of the Kubernetes adapters and the API emulator."""

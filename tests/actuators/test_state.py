@@ -1,0 +1,172 @@
+"""The cluster reader: replicas, pod timelines -> cold-start observations, pool capacity."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from scaler.actuators import selectors, state
+from scaler.engine import types
+from scaler.policy import model
+from scaler.testing.kube_emulator import ControllerSettings, EmulatorController, Fault
+from scaler.testing.kube_emulator.env import KubeTestEnv, ManualClock
+
+from .factories import make_policy
+
+pytestmark = pytest.mark.kube
+
+EVERYTHING = selectors.Selector()
+
+
+@pytest.fixture
+async def reader(kube: KubeTestEnv, wall_clock: ManualClock
+                 ) -> AsyncIterator[state.KubeClusterReader]:
+    cluster = state.KubeClusterReader(kube.api, settings=kube.settings, wall_clock=wall_clock)
+    await cluster.start()
+    try:
+        yield cluster
+    finally:
+        await cluster.stop()
+
+
+async def until(check: Callable[[], bool]) -> None:
+    """Wait for the watch to deliver (bounded: the test fails rather than hangs)."""
+    async with asyncio.timeout(5):
+        while not check():
+            await asyncio.sleep(0.01)
+
+
+def node(name: str, *, gpus: int, ready: bool = True, cordoned: bool = False,
+         pool: str = "h100") -> dict[str, object]:
+    return {
+        "metadata": {"name": name, "labels": {"pool": pool}},
+        "spec": {"unschedulable": cordoned},
+        "status": {"allocatable": {"nvidia.com/gpu": str(gpus), "cpu": "96"},
+                   "conditions": [{"type": "Ready", "status": "True" if ready else "False",
+                                   "lastTransitionTime": "2025-11-29T00:00:00Z"}]},
+    }
+
+
+async def test_reads_current_replicas_from_scale(kube: KubeTestEnv,
+                                                 reader: state.KubeClusterReader) -> None:
+    await kube.create_deployment("llama", replicas=3)
+    cluster = await reader.read(make_policy(kube.namespace, "llama"))
+    assert cluster.current == 3
+    assert cluster.free_replica_slots is None  # no node pool in the policy
+
+
+@pytest.mark.emulator_only
+async def test_pod_timelines_become_cold_start_observations(
+        kube: KubeTestEnv, reader: state.KubeClusterReader, wall_clock: ManualClock) -> None:
+    """Scheduled after 5 s, containers started 60 s later, Ready 20 s after: 85 s."""
+    assert kube.emulator is not None
+    controller = EmulatorController(kube.emulator, ControllerSettings(
+        schedule_delay_s=5, start_delay_s=60, ready_delay_s=20))
+    await kube.create_deployment("llama", replicas=2)
+    policy = make_policy(kube.namespace, "llama")
+    created = wall_clock.now
+
+    controller.reconcile()
+    await until(lambda: len(reader.pods.objects) == 2)
+    cluster = await reader.read(policy)
+    assert (cluster.current, cluster.ready) == (2, 0)
+    assert cluster.starting == (created, created)
+    assert cluster.observations == ()
+
+    for step in (5, 60, 20):
+        wall_clock.advance(step)
+        controller.reconcile()
+    await until(lambda: len(reader.observations(kube.namespace, EVERYTHING)) == 2)
+
+    cluster = await reader.read(policy)
+    assert (cluster.ready, cluster.starting) == (2, ())
+    assert cluster.observations == (
+        types.ColdStartObservation(created_at=created, ready_at=created + 85, node_boot_s=0),
+    ) * 2
+    assert cluster.observations[0].pod_start_s == 85
+
+    # Scaling in removes a pod: no longer ready capacity, but what it taught stays.
+    await kube.api.merge_patch(f"{kube.collection('apps/v1', 'deployments')}/llama/scale",
+                               {"spec": {"replicas": 1}})
+    controller.reconcile()
+    await until(lambda: len(reader.pods.objects) == 1)
+    cluster = await reader.read(policy)
+    assert (cluster.current, cluster.ready, len(cluster.observations)) == (1, 1, 2)
+
+
+@pytest.mark.emulator_only
+async def test_wait_for_a_new_node_counts_as_node_boot(
+        kube: KubeTestEnv, reader: state.KubeClusterReader, wall_clock: ManualClock) -> None:
+    assert kube.emulator is not None
+    nodes = kube.emulator.resource("", "nodes")
+    kube.emulator.store.create(nodes, None, node("full", gpus=0))
+    controller = EmulatorController(kube.emulator, ControllerSettings(
+        start_delay_s=30, ready_delay_s=10))
+    await kube.create_deployment("big", replicas=1, gpus=8)
+    created = wall_clock.now
+    controller.reconcile()  # no node has 8 free GPUs: Pending, Unschedulable
+
+    wall_clock.advance(240)  # the node autoscaler boots a node in 4 min
+    kube.emulator.store.create(nodes, None, node("fresh", gpus=8))
+    controller.reconcile()  # scheduled at +240
+    wall_clock.advance(30)
+    controller.reconcile()
+    wall_clock.advance(10)
+    controller.reconcile()  # Ready at +280
+
+    await until(lambda: "/fresh" in reader.nodes.objects)
+    await until(lambda: bool(reader.observations(kube.namespace, EVERYTHING)))
+    [observation] = reader.observations(kube.namespace, EVERYTHING)
+    assert observation == types.ColdStartObservation(created, created + 280, node_boot_s=240)
+    assert observation.pod_start_s == 40
+
+
+@pytest.mark.emulator_only
+async def test_unhealthy_nodes_are_not_capacity(kube: KubeTestEnv,
+                                                reader: state.KubeClusterReader) -> None:
+    assert kube.emulator is not None
+    nodes = kube.emulator.resource("", "nodes")
+    store = kube.emulator.store
+    store.create(nodes, None, node("good", gpus=8))
+    store.create(nodes, None, node("not-ready", gpus=8, ready=False))
+    store.create(nodes, None, node("cordoned", gpus=8, cordoned=True))
+    store.create(nodes, None, node("other-pool", gpus=8, pool="a100"))
+    # A 4-GPU replica already runs on the good node.
+    controller = EmulatorController(kube.emulator, ControllerSettings())
+    await kube.create_deployment("llama", replicas=1, gpus=4)
+    controller.reconcile()
+    await until(lambda: any((p.get("spec") or {}).get("nodeName") == "good"
+                            for p in reader.pods.objects.values()))
+    await until(lambda: len(reader.nodes.objects) == 4)
+    pool = model.NodePool(name="h100", gpus_per_node=8, node_selector={"pool": "h100"})
+
+    capacity = reader.pool_capacity(pool, resource_name="nvidia.com/gpu", gpus_per_replica=4)
+
+    assert (capacity.nodes, capacity.healthy_nodes) == (3, 1)
+    assert capacity.unhealthy == ("cordoned", "not-ready")
+    assert (capacity.allocatable_gpus, capacity.used_gpus, capacity.free_gpus) == (8, 4, 4)
+    assert capacity.free_replica_slots == 1
+    policy = make_policy(kube.namespace, "llama", node_pool=pool, gpus_per_replica=4)
+    assert (await reader.read(policy)).free_replica_slots == 1
+
+
+@pytest.mark.emulator_only
+async def test_watch_survives_drops_and_relists_after_410(
+        kube: KubeTestEnv, reader: state.KubeClusterReader) -> None:
+    assert kube.emulator is not None
+    await until(lambda: reader.pods.synced.is_set())
+    pods = kube.emulator.resource("", "pods")
+    store = kube.emulator.store
+    kube.emulator.inject(Fault(verb="watch", path="^/api/v1/pods$", drop_watch=True))
+    kube.emulator.inject(Fault(verb="watch", path="^/api/v1/pods$", status=410))
+    # End the current stream so the informer hits both faults on its way back.
+    store.close_watchers()
+    for i in range(3):
+        store.create(pods, kube.namespace, {"metadata": {"name": f"p{i}"}, "spec": {}})
+    await until(lambda: reader.pods.lists == 2)  # relisted after the 410
+    await until(lambda: len(reader.pods.objects) == 3)
+    assert reader.pods.watches >= 3  # the first, the dropped one, the one after the list
+    store.delete(pods, kube.namespace, "p0")
+    await until(lambda: len(reader.pods.objects) == 2)
