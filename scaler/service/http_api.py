@@ -1,0 +1,103 @@
+"""The plain HTTP app: /metrics, /healthz, /readyz and the /v1 decision API."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from scaler.service import explain
+from scaler.service import state as service_state
+
+
+def _error(status: int, message: str, **extra: Any) -> web.Response:
+    return web.json_response({"error": message, **extra}, status=status)
+
+
+class HttpApi:
+    """Routes over the service state; `extra_routes` lets other parts (signal push) join."""
+
+    def __init__(
+        self,
+        state: service_state.ServiceState,
+        *,
+        registry: CollectorRegistry,
+        extra_routes: Iterable[web.RouteDef] = (),
+    ) -> None:
+        self._state = state
+        self._registry = registry
+        self._extra = list(extra_routes)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/models/{namespace}/{model}/decision", self._decision)
+        app.router.add_get("/v1/models/{model}/decision", self._decision_by_name)
+        app.router.add_routes(self._extra)
+        return app
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self._registry)
+        # CONTENT_TYPE_LATEST carries a charset parameter, which aiohttp wants separately.
+        content_type, _, charset = CONTENT_TYPE_LATEST.partition("; charset=")
+        return web.Response(body=body, content_type=content_type, charset=charset or None)
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        # Alive means the event loop answers; readiness is the stricter check.
+        return web.Response(text="ok")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        if self._state.ready:
+            return web.Response(text="ok")
+        return web.Response(status=503, text="not ready: "
+                            + "; ".join(self._state.not_ready_reasons()))
+
+    async def _models(self, request: web.Request) -> web.Response:
+        models = []
+        for status in self._state.statuses():
+            last = status.last
+            models.append({
+                "model": status.key,
+                "summary": None if last is None else last.decision.summary,
+                "at": None if last is None else last.at,
+            })
+        return web.json_response({"models": models})
+
+    def _answer(self, status: service_state.ModelStatus) -> web.Response:
+        if status.last is None:
+            return _error(404, f"{status.key} has no decision yet", model=status.key)
+        return web.json_response(explain.decision_document(status, status.last))
+
+    async def _decision(self, request: web.Request) -> web.Response:
+        key = f"{request.match_info['namespace']}/{request.match_info['model']}"
+        status = self._state.status(key)
+        if status is None:
+            return _error(404, f"no policy for model {key}")
+        return self._answer(status)
+
+    async def _decision_by_name(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        found = self._state.find_by_name(name)
+        if not found:
+            return _error(404, f"no policy for model {name!r} in any namespace")
+        if len(found) > 1:
+            keys = sorted(status.key for status in found)
+            return _error(409, f"model {name!r} is in several namespaces; ask for one of "
+                          + ", ".join(keys), candidates=keys)
+        return self._answer(found[0])
+
+
+def decision_url(base_url: str, model: str, namespace: str | None) -> str:
+    """The /v1 URL for `model` ('name' or 'namespace/name') on the service at base_url."""
+    if "/" in model and namespace is None:
+        namespace, _, model = model.partition("/")
+    base = base_url.rstrip("/")
+    if namespace:
+        return f"{base}/v1/models/{namespace}/{model}/decision"
+    return f"{base}/v1/models/{model}/decision"
+

@@ -1,0 +1,236 @@
+"""The external.metrics.k8s.io/v1beta1 API (DESIGN 4.3), served from the service state.
+
+The HPA's external metrics client calls
+`GET /apis/external.metrics.k8s.io/v1beta1/namespaces/{ns}/{metric}?labelSelector=...`
+with the selector from the HPA's `metric.selector`, and sums (Value target) or divides by
+pods (AverageValue target) the `value` of every item returned.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from scaler.actuators import selectors, timefmt
+from scaler.engine import types
+from scaler.service import state as service_state
+
+GROUP = "external.metrics.k8s.io"
+VERSION = "v1beta1"
+GROUP_VERSION = f"{GROUP}/{VERSION}"
+BASE = f"/apis/{GROUP_VERSION}"
+
+DESIRED_REPLICAS = "scaler_desired_replicas"
+QUEUE_DEPTH = "scaler_queue_depth"
+TOKENS_PER_SECOND = "scaler_tokens_per_second"
+P95_LATENCY = "scaler_p95_latency_seconds"
+METRIC_NAMES = (DESIRED_REPLICAS, QUEUE_DEPTH, TOKENS_PER_SECOND, P95_LATENCY)
+
+# Which snapshot field each signal metric serves.
+_SIGNAL_FIELDS = {
+    QUEUE_DEPTH: "queue_depth",
+    TOKENS_PER_SECOND: "tokens_per_second",
+    P95_LATENCY: "p95_latency_s",
+}
+
+
+def quantity(value: float) -> str:
+    """A Kubernetes quantity string: whole numbers plain, others in milli-units.
+
+    1500.0 -> "1500", 1.5 -> "1500m", 0.0004 -> "0" (rounded to the nearest milli-unit:
+    the HPA reads external metrics with MilliValue(), so finer digits are lost anyway).
+    """
+    if not math.isfinite(value):
+        raise ValueError(f"{value} is not a quantity")
+    milli = round(value * 1000)
+    if milli % 1000 == 0:
+        return str(milli // 1000)
+    return f"{milli}m"
+
+
+@dataclass(frozen=True, slots=True)
+class MetricPoint:
+    """A value the API can serve, and when it was produced (epoch seconds)."""
+
+    value: float
+    produced_at: float
+
+
+def metric_point(
+    metric: str, status: service_state.ModelStatus, now: float
+) -> MetricPoint | str:
+    """The model's current value of `metric`, or why there is none.
+
+    Signals older than the policy's staleAfterSeconds are not served: an HPA fed a stale
+    queue depth would act on it, and stale data must never scale (DESIGN 3.5). A 404
+    makes the HPA keep the current replicas instead.
+    """
+    last = status.last
+    if last is None:
+        return "no decision yet"
+    if metric == DESIRED_REPLICAS:
+        return MetricPoint(float(last.decision.desired), last.decision.at)
+    signal: types.SignalValue | None = getattr(last.snapshot, _SIGNAL_FIELDS[metric])
+    if signal is None or not math.isfinite(signal.value):
+        return "no value"
+    # The sample was `age_s` old when the snapshot was taken at `last.at`; it has aged since.
+    produced_at = last.at - signal.age_s
+    age = now - produced_at
+    stale_after = status.policy.spec.stale_after_seconds
+    if age > stale_after:
+        return f"stale ({age:.0f} s old, staleAfterSeconds {stale_after:g})"
+    return MetricPoint(signal.value, produced_at)
+
+
+def status_object(*, code: int, reason: str, message: str,
+                  details: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A metav1.Status, as the API server returns for errors."""
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details:
+        body["details"] = details
+    return body
+
+
+def api_resource_list() -> dict[str, Any]:
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": GROUP_VERSION,
+        "resources": [
+            {
+                "name": name,
+                "singularName": "",
+                "namespaced": True,
+                "kind": "ExternalMetricValueList",
+                "verbs": ["get"],
+            }
+            for name in METRIC_NAMES
+        ],
+    }
+
+
+def api_group() -> dict[str, Any]:
+    version = {"groupVersion": GROUP_VERSION, "version": VERSION}
+    return {
+        "kind": "APIGroup",
+        "apiVersion": "v1",
+        "name": GROUP,
+        "versions": [version],
+        "preferredVersion": version,
+    }
+
+
+def external_metric_value_list(
+    *, state: service_state.ServiceState, namespace: str, metric: str, label_selector: str,
+    now: float,
+) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, body) for one HPA request: a list, or a Status saying why not."""
+    metric_name = metric.lower()
+    if metric_name not in METRIC_NAMES:
+        return 404, status_object(
+            code=404, reason="NotFound",
+            message=f"external metric {metric!r} is not served; known: "
+                    + ", ".join(METRIC_NAMES),
+            details={"name": metric, "group": GROUP, "kind": metric},
+        )
+    try:
+        selector = selectors.parse_selector(label_selector)
+    except ValueError as exc:
+        return 400, status_object(code=400, reason="BadRequest", message=str(exc))
+    matched = [
+        status for status in state.statuses()
+        if status.policy.metadata.namespace == namespace and selector.matches(status.labels)
+    ]
+    if not matched:
+        return 404, status_object(
+            code=404, reason="NotFound",
+            message=f"no model in namespace {namespace!r} matches labelSelector "
+                    f"{label_selector!r} for metric {metric_name!r}",
+            details={"name": metric_name, "group": GROUP, "kind": metric_name},
+        )
+    items = []
+    missing = []
+    for status in sorted(matched, key=lambda s: s.key):
+        point = metric_point(metric_name, status, now)
+        if isinstance(point, str):
+            missing.append(f"{status.key}: {point}")
+            continue
+        items.append({
+            "metricName": metric_name,
+            "metricLabels": status.labels,
+            "timestamp": timefmt.rfc3339(point.produced_at),
+            "value": quantity(point.value),
+        })
+    if missing:
+        # All or nothing: a partial sum would under-report demand to the HPA.
+        return 404, status_object(
+            code=404, reason="NotFound",
+            message=f"metric {metric_name!r} has no current value for "
+                    + "; ".join(missing),
+            details={"name": metric_name, "group": GROUP, "kind": metric_name},
+        )
+    return 200, {
+        "kind": "ExternalMetricValueList",
+        "apiVersion": GROUP_VERSION,
+        "metadata": {},
+        "items": items,
+    }
+
+
+class MetricsApi:
+    """The aiohttp app; `clock` gives wall-clock epoch seconds (injected for tests)."""
+
+    def __init__(self, state: service_state.ServiceState, *, clock: Callable[[], float]) -> None:
+        self._state = state
+        self._clock = clock
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/apis", self._groups)
+        app.router.add_get(f"/apis/{GROUP}", self._group)
+        app.router.add_get(BASE, self._resources)
+        app.router.add_get(BASE + "/namespaces/{namespace}/{metric}", self._list)
+        app.router.add_get("/healthz", self._ok)
+        app.router.add_get("/livez", self._ok)
+        app.router.add_get("/readyz", self._ready)
+        return app
+
+    async def _groups(self, request: web.Request) -> web.Response:
+        return web.json_response({"kind": "APIGroupList", "apiVersion": "v1",
+                                  "groups": [api_group()]})
+
+    async def _group(self, request: web.Request) -> web.Response:
+        return web.json_response(api_group())
+
+    async def _resources(self, request: web.Request) -> web.Response:
+        return web.json_response(api_resource_list())
+
+    async def _list(self, request: web.Request) -> web.Response:
+        code, body = external_metric_value_list(
+            state=self._state,
+            namespace=request.match_info["namespace"],
+            metric=request.match_info["metric"],
+            label_selector=request.query.get("labelSelector", ""),
+            now=self._clock(),
+        )
+        return web.json_response(body, status=code)
+
+    async def _ok(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        if self._state.ready:
+            return web.Response(text="ok")
+        return web.Response(status=503, text="; ".join(self._state.not_ready_reasons()))

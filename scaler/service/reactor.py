@@ -1,0 +1,310 @@
+"""The reactor: evaluate a model as soon as a sample for it arrives, coalesced, plus a backstop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
+
+from scaler.actuators import base as actuators
+from scaler.engine import decide as engine
+from scaler.engine import nodes, types
+from scaler.policy import model
+from scaler.service import audit as audit_log
+from scaler.service import explain
+from scaler.service import state as service_state
+
+log = logging.getLogger(__name__)
+
+# Outcomes after which the engine's new state is kept. After CONFLICT or FAILED the old
+# state stays and the model is decided again, as decide.py asks of its caller.
+_KEEP_STATE = frozenset({
+    actuators.Outcome.APPLIED, actuators.Outcome.UNCHANGED, actuators.Outcome.DRY_RUN,
+    actuators.Outcome.NOT_LEADER, actuators.Outcome.SKIPPED_HPA_OWNED,
+})
+
+
+class SnapshotSource(Protocol):
+    """The part of the signal store the reactor reads."""
+
+    def snapshot(
+        self, model: str, *, now: float, stale_after_s: float, latency_metric: str = "ttft"
+    ) -> types.SignalSnapshot: ...
+
+
+Work = Callable[[str], Awaitable[None]]
+
+
+class Coalescer:
+    """Per key, at most one run of `work` in flight and at most one more queued behind it.
+
+    `poke(key)` starts a run after `delay_s` (0 = the next loop iteration, so pokes
+    already queued on the loop join it) or, if one is running, asks for exactly one more
+    when it ends. So 500 pokes in a burst give one or two runs, never 500.
+    """
+
+    def __init__(self, work: Work, *, delay_s: float, task_prefix: str) -> None:
+        self._work = work
+        self._delay_s = delay_s
+        self._prefix = task_prefix
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._again: set[str] = set()
+        self.accepting = True
+
+    def poke(self, key: str) -> None:
+        if not self.accepting:
+            return
+        if key in self._running:
+            self._again.add(key)
+            return
+        loop = asyncio.get_running_loop()
+        self._running[key] = loop.create_task(self._run(key), name=f"{self._prefix}:{key}")
+
+    async def _run(self, key: str) -> None:
+        try:
+            await asyncio.sleep(self._delay_s)
+            while True:
+                self._again.discard(key)
+                await self._work(key)
+                if key not in self._again or not self.accepting:
+                    break
+        except Exception:  # one key's failure must not stop the others
+            log.exception("%s %s failed", self._prefix, key)
+        finally:
+            self._running.pop(key, None)
+
+    @property
+    def tasks(self) -> set[asyncio.Task[None]]:
+        return set(self._running.values())
+
+    def stop_accepting(self) -> None:
+        self.accepting = False
+        self._again.clear()
+
+
+class Reactor:
+    """Per model: at most one evaluation running, and at most one more queued behind it.
+
+    `notify(key)` (the signal store's listener) marks a model dirty. If no evaluation of
+    it runs, one starts on the next loop iteration (after `coalesce_s`); if one runs, the
+    model is re-evaluated once when it ends. So a burst of 500 samples for a model gives
+    one or two evaluations, never 500, and different models proceed in parallel up to
+    `max_concurrent` (each evaluation waits on the API server for a read and a patch).
+    The backstop tick marks every model dirty every `backstop_s` for effects of time
+    alone (windows expire, signals go stale).
+    """
+
+    def __init__(
+        self,
+        *,
+        state: service_state.ServiceState,
+        store: SnapshotSource,
+        reader: actuators.ClusterReader,
+        actuator: actuators.ReplicaActuator,
+        wall_clock: Callable[[], float],
+        backstop_s: float,
+        coalesce_s: float = 0.0,
+        max_concurrent: int = 64,
+        max_conflict_retries: int = 3,
+        audit: audit_log.AuditLog | None = None,
+        pool_actuators: Mapping[str, actuators.NodePoolActuator] | None = None,
+    ) -> None:
+        self.state = state
+        self.store = store
+        self.reader = reader
+        self.actuator = actuator
+        self.wall_clock = wall_clock
+        self.backstop_s = backstop_s
+        self.coalesce_s = coalesce_s
+        self.max_conflict_retries = max_conflict_retries
+        self.audit = audit
+        self.evaluations = 0
+        self._policies: dict[str, model.ScalePolicy] = {}
+        self._engine: dict[str, types.EngineState] = {}
+        self._limit = asyncio.Semaphore(max_concurrent)
+        self._models = Coalescer(self._evaluate_with_retries, delay_s=coalesce_s,
+                                 task_prefix="evaluate")
+        # Node pools: actuator per NodePool.actuator kind ('placeholder', 'clusterapi').
+        self.pool_actuators = dict(pool_actuators or {})
+        self._pools = Coalescer(self._plan, delay_s=coalesce_s, task_prefix="pool")
+        self._pool_applied: dict[str, tuple[types.NodePlan, float]] = {}
+
+    # -- inputs -------------------------------------------------------------------------
+
+    def set_policies(self, policies: Mapping[str, model.ScalePolicy]) -> None:
+        """Swap the policy set; models whose policy changed or appeared are evaluated.
+
+        Engine state survives a policy edit (the windows are still evidence); a removed
+        model's state goes.
+        """
+        previous = self._policies
+        self._policies = dict(policies)
+        for key in list(self._engine):
+            if key not in self._policies:
+                del self._engine[key]
+        for key, policy in self._policies.items():
+            if previous.get(key) != policy:
+                self.notify(key)
+
+    def notify(self, key: str) -> None:
+        """A sample for `key` arrived (or time passed): evaluate it soon. Never blocks."""
+        if key in self._policies:
+            self._models.poke(key)
+
+    def notify_all(self) -> None:
+        for key in list(self._policies):
+            self.notify(key)
+
+    # -- evaluation ---------------------------------------------------------------------
+
+    async def _evaluate_with_retries(self, key: str) -> None:
+        for _ in range(1 + self.max_conflict_retries):
+            async with self._limit:
+                outcome = await self.evaluate(key)
+            if outcome is not actuators.Outcome.CONFLICT or not self._models.accepting:
+                return
+            # The cluster changed under us: re-read and re-decide.
+
+    async def evaluate(self, key: str) -> actuators.Outcome | None:
+        """Read, decide, apply and record one model once; returns the apply outcome."""
+        policy = self._policies.get(key)
+        if policy is None:
+            return None
+        try:
+            cluster = await self.reader.read(policy)
+        except Exception as error:  # API down or slow: no decision without the cluster state
+            log.warning("%s: cannot read the cluster: %s", key, error, extra={"model": key})
+            self.state.record_patch(key, "read_failed")
+            return actuators.Outcome.FAILED
+        now = self.wall_clock()
+        spec = policy.spec
+        latency = spec.signals.p95_latency.metric if spec.signals.p95_latency else "ttft"
+        snapshot = self.store.snapshot(key, now=now, stale_after_s=spec.stale_after_seconds,
+                                       latency_metric=latency)
+        engine_state = self._engine.get(key, types.EngineState())
+        decision, new_state = engine.decide(policy, snapshot=snapshot, cluster=cluster,
+                                            state=engine_state, now=now)
+        if decision.changed:
+            applied = await self.actuator.apply(policy, decision)
+            outcome = applied.outcome
+            reason = applied.reason
+        else:
+            # Nothing to write: skip the actuator's reads of /scale and of HPA owners.
+            outcome = actuators.Outcome.UNCHANGED
+            reason = "already at desired replicas"
+        if outcome in _KEEP_STATE and self._policies.get(key) is policy:
+            self._engine[key] = new_state
+        self.evaluations += 1
+        observation = service_state.Observation(decision=decision, snapshot=snapshot,
+                                                cluster=cluster, at=now)
+        self.state.record(key, observation)
+        self.state.record_patch(key, str(outcome))
+        if decision.changed:
+            log.info("%s: %s -> %s", key, decision.summary, outcome,
+                     extra={"model": key, "desired": decision.desired,
+                            "current": decision.current, "outcome": str(outcome),
+                            "reason": reason})
+        pool = policy.spec.node_pool
+        if pool is not None and pool.actuator in self.pool_actuators:
+            self._pools.poke(pool.name)
+        if self.audit is not None:
+            status = self.state.status(key)
+            if status is not None:
+                document = explain.decision_document(status, observation)
+                document["apply"] = {"outcome": str(outcome), "reason": reason}
+                self.audit.write(document)
+        return outcome
+
+    # -- node pools ---------------------------------------------------------------------
+
+    async def _plan(self, name: str) -> None:
+        await self.plan_pool(name)
+
+    async def plan_pool(self, name: str) -> actuators.Outcome | None:
+        """Bin-pack the latest decisions of the pool's models and apply the node plan.
+
+        The pool's settings come from the first of its policies by key (policies naming
+        the same pool should agree). An unchanged plan is re-applied at most once per
+        backstop interval: often enough to repair drift (a deleted placeholder
+        Deployment), rarely enough not to read the API on every sample.
+        """
+        members = sorted(
+            (status for status in self.state.statuses()
+             if status.last is not None and status.policy.spec.node_pool is not None
+             and status.policy.spec.node_pool.name == name),
+            key=lambda status: status.key)
+        if not members:
+            return None
+        first = members[0].policy
+        pool = first.spec.node_pool
+        assert pool is not None
+        actuator = self.pool_actuators.get(pool.actuator)
+        if actuator is None:
+            return None
+        demands = [nodes.pool_demand(status.policy, status.last.decision)
+                   for status in members if status.last is not None]
+        plan = nodes.plan_pool(pool, resource_name=first.spec.resources.resource_name,
+                               demands=demands)
+        loop_now = asyncio.get_running_loop().time()
+        applied = self._pool_applied.get(name)
+        if applied is not None and applied[0] == plan and loop_now - applied[1] < self.backstop_s:
+            return actuators.Outcome.UNCHANGED
+        result = await actuator.apply(pool, plan)
+        if result.outcome in _KEEP_STATE:
+            self._pool_applied[name] = (plan, loop_now)
+        else:
+            self._pool_applied.pop(name, None)
+        self.state.record_pool(plan, outcome=str(result.outcome), reason=result.reason,
+                               at=self.wall_clock())
+        if result.outcome is actuators.Outcome.APPLIED:
+            log.info("node pool %s: %d nodes wanted (%d headroom)", name, plan.nodes_wanted,
+                     plan.headroom_nodes, extra={"pool": name, "reasons": list(plan.reasons)})
+        return result.outcome
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """The backstop tick, until cancelled (event-driven work runs from `notify`).
+
+        Each model is ticked once per `backstop_s`, at its own phase: with 1,000 models
+        and 5 s, one model every 5 ms rather than 1,000 at once, so a tick never queues
+        a burst of 1,000 API reads in front of a model whose demand just changed.
+        """
+        while True:
+            keys = list(self._policies)
+            if not keys:
+                await asyncio.sleep(self.backstop_s)
+                continue
+            pause = self.backstop_s / len(keys)
+            for key in keys:
+                await asyncio.sleep(pause)
+                self.notify(key)
+
+    @property
+    def busy(self) -> int:
+        """Evaluations running or scheduled now."""
+        return len(self._models.tasks) + len(self._pools.tasks)
+
+    async def drain(self, *, timeout_s: float) -> bool:
+        """Stop taking new work and let running evaluations (and their patches) finish.
+
+        True when all finished in time; the rest are cancelled.
+        """
+        self._models.stop_accepting()
+        self._pools.stop_accepting()
+        pending = self._models.tasks | self._pools.tasks
+        if not pending:
+            return True
+        done, late = await asyncio.wait(pending, timeout=timeout_s)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late, timeout=1.0)
+            log.warning("%d evaluations did not finish within %.1f s", len(late), timeout_s)
+        return not late
+
+    async def idle(self) -> None:
+        """Until no evaluation runs or is scheduled (tests and benchmarks use it)."""
+        while pending := self._models.tasks | self._pools.tasks:
+            await asyncio.wait(pending)

@@ -1,0 +1,320 @@
+"""`scaler run`: wires policies, signal sources, store, reactor, actuators and the HTTP APIs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import signal
+import socket
+import tempfile
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scaler.actuators import base as actuators
+from scaler.actuators import leader as kube_leader
+from scaler.actuators import resources as kube_resources
+from scaler.actuators import settings as kube_settings
+from scaler.actuators import wiring
+from scaler.policy import loader, model
+from scaler.service import audit as audit_log
+from scaler.service import (
+    http_api,
+    metrics_api,
+    observability,
+    policies,
+    reactor,
+    tasks,
+    tls,
+    web,
+)
+from scaler.service import settings as service_settings
+from scaler.service import state as service_state
+from scaler.signals import base as signal_base
+from scaler.signals import http_push, jetstream, nats_core, store
+from scaler.signals import prometheus as prometheus_source
+
+log = logging.getLogger(__name__)
+
+
+def default_identity() -> str:
+    """The pod name (its hostname) plus a random suffix, unique across restarts."""
+    return f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+
+
+Announce = Callable[[model.ScalePolicy, str, str], Awaitable[None]]
+"""Post a Warning about a policy's target: (policy, reason, message)."""
+
+
+@dataclass
+class ClusterBackend:
+    """What the service reads and changes a cluster through: Kubernetes (`kubernetes_backend`)
+    or a simulated cluster behind the same protocols (a demo, a test)."""
+
+    reader: actuators.ClusterReader
+    actuator: actuators.ReplicaActuator
+    leader: actuators.LeaderElector
+    pool_actuators: Mapping[str, actuators.NodePoolActuator] = field(default_factory=dict)
+    announce: Announce | None = None
+    close: Callable[[], Awaitable[None]] | None = None
+
+
+async def kubernetes_backend(
+    settings: kube_settings.KubeSettings, *, wall_clock: Callable[[], float], identity: str
+) -> ClusterBackend:
+    """The Kubernetes adapters (`actuators.wiring`) over one API client, watches started."""
+    adapters = await wiring.connect(settings, identity=identity, wall_clock=wall_clock)
+    try:
+        await adapters.start()
+    except BaseException:
+        await adapters.api.api_client.close()
+        raise
+
+    async def announce(policy: model.ScalePolicy, reason: str, message: str) -> None:
+        ref = kube_resources.target_ref(policy, plurals=settings.resource_plurals)
+        await adapters.recorder.record(ref, reason=reason, message=message, warning=True)
+
+    return ClusterBackend(reader=adapters.reader, actuator=adapters.replicas,
+                          leader=adapters.leader, pool_actuators=adapters.pools,
+                          announce=announce, close=adapters.close)
+
+
+class Service:
+    """The running service. `start()` brings everything up; `stop()` drains it in order.
+
+    Shutdown order: readiness fails; sources stop (no new samples); the policy watcher and
+    the backstop tick stop; running evaluations finish their patches (up to
+    `drain_timeout_s`); the Lease is released so a follower takes over at once; then the
+    cluster watches, the servers and the API client close.
+    """
+
+    def __init__(
+        self,
+        settings: service_settings.Settings,
+        *,
+        wall_clock: Callable[[], float] = signal_base.wall_clock,
+        identity: str | None = None,
+        drain_timeout_s: float = 10.0,
+        backend: ClusterBackend | None = None,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.wall_clock = wall_clock
+        self.identity = identity or default_identity()
+        self.drain_timeout_s = drain_timeout_s
+        self.state = service_state.ServiceState()
+        self.store = store.SignalStore()
+        self.supervisor = tasks.Supervisor()
+        self.http: web.RunningServer | None = None
+        self.metrics_api: web.RunningServer | None = None
+        self._cert_dir: Path | None = None
+        self._audit: audit_log.AuditLog | None = None
+        self._stopped = False
+
+    # -- start --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        settings = self.settings
+        if settings.audit.path is not None:
+            self._audit = audit_log.AuditLog(settings.audit.path,
+                                             max_bytes=settings.audit.max_bytes,
+                                             backups=settings.audit.backups)
+        if self.backend is None:
+            self.backend = await kubernetes_backend(settings.kube, wall_clock=self.wall_clock,
+                                                    identity=self.identity)
+        backend = self.backend
+        self.leader = backend.leader
+        self.reactor = reactor.Reactor(
+            state=self.state, store=self.store, reader=backend.reader,
+            actuator=backend.actuator, wall_clock=self.wall_clock,
+            backstop_s=settings.engine.backstop_tick_seconds,
+            coalesce_s=settings.engine.coalesce_seconds, audit=self._audit,
+            pool_actuators=backend.pool_actuators)
+        self.store.add_listener(self.reactor.notify)
+
+        # Sources start with no routes; the first policy load gives them their config.
+        self.nats = nats_core.NatsCoreSource(settings.nats, self._nats_config([]),
+                                             clock=self.wall_clock)
+        self.jetstream = jetstream.JetStreamLagSource(
+            settings.nats, jetstream.JetStreamConfig(), clock=self.wall_clock)
+        self.prometheus = prometheus_source.PrometheusSource(
+            settings.prometheus, prometheus_source.PrometheusConfig(), clock=self.wall_clock)
+        for source in (self.nats, self.jetstream, self.prometheus):
+            self.state.add_drop_counter(source.name, _dropped(source.stats))
+
+        await self._serve()
+        # Policies before leadership: a new leader must know what it leads.
+        self.watcher = policies.PolicyWatcher(
+            settings.policies.paths, poll_seconds=settings.policies.reload_poll_seconds,
+            apply=self._apply_policies)
+        await self.watcher.load_now()
+        start = self.supervisor.start
+        start("leader", self._lead())
+        start("source:nats", self.nats.run(self.store))
+        start("source:jetstream", self.jetstream.run(self.store))
+        start("source:prometheus", self.prometheus.run(self.store))
+        start("policy-watcher", self.watcher.run())
+        start("reactor-backstop", self.reactor.run())
+        start("store-expiry", self._expire())
+        log.info("scaler started", extra={"identity": self.identity,
+                                          "http": self.http.url if self.http else None})
+
+    async def _serve(self) -> None:
+        settings = self.settings
+        registry = observability.make_registry(self.state, clock=self.wall_clock)
+        app = http_api.HttpApi(self.state, registry=registry).app()
+        self.push: http_push.HttpPushEndpoint | None = None
+        if settings.http.push_token is not None:
+            self.push = http_push.add_routes(
+                app, sink=self.store, clock=self.wall_clock,
+                config=http_push.HttpPushConfig(
+                    token=settings.http.push_token.get_secret_value(), known=frozenset()))
+            self.state.add_drop_counter(self.push.name, _dropped(self.push.stats))
+        self.http = await web.serve(app, host=settings.http.host, port=settings.http.port)
+        if settings.metrics_api.enabled:
+            api = metrics_api.MetricsApi(self.state, clock=self.wall_clock)
+            self.metrics_api = await web.serve(
+                api.app(), host=settings.metrics_api.host, port=settings.metrics_api.port,
+                ssl_context=tls.server_context(await self._certificate()))
+
+    async def _certificate(self) -> tls.CertificatePair:
+        group = self.settings.metrics_api
+        if group.cert_file is not None and group.key_file is not None:
+            return tls.CertificatePair(cert_file=group.cert_file, key_file=group.key_file)
+        self._cert_dir = Path(tempfile.mkdtemp(prefix="scaler-tls-"))
+        log.warning("external metrics API: no certificate given, using a self-signed one "
+                    "(development only)")
+        return await tls.self_signed(self._cert_dir, hosts=group.self_signed_hosts)
+
+    def _nats_config(self, loaded: list[loader.LoadedPolicy]
+                     ) -> nats_core.NatsCoreConfig:
+        group = self.settings.nats
+        return nats_core.config_from_policies(
+            [item.policy for item in loaded], prefix=group.subject_prefix,
+            wildcard=group.wildcard, queue_group=group.queue_group)
+
+    async def _apply_policies(self, policy_set: policies.PolicySet) -> None:
+        """Hand a new policy set to every part that depends on it."""
+        loaded = list(policy_set.policies.values())
+        in_force = [item.policy for item in loaded]
+        previous = set(self.state.keys())
+        self.state.set_policies(in_force, status=service_state.PolicyLoadStatus(
+            at=self.wall_clock(), policies=len(in_force), errors=policy_set.errors,
+            kept=policy_set.kept))
+        for gone in previous - {policy.key for policy in in_force}:
+            self.store.forget(gone)
+        await self.nats.update(self._nats_config(loaded))
+        self.jetstream.update(jetstream.config_from_policies(in_force))
+        self.prometheus.update(prometheus_source.config_from_policies(in_force))
+        if self.push is not None:
+            self.push.update(http_push.HttpPushConfig(
+                token=self.push.config.token,
+                known=frozenset(policy.key for policy in in_force)))
+        self.reactor.set_policies({policy.key: policy for policy in in_force})
+        announce = self.backend.announce if self.backend is not None else None
+        for key in policy_set.kept:
+            policy = self.state.policy(key)
+            if policy is None or announce is None or not self.leader.is_leader:
+                continue
+            problems = "; ".join(str(e) for e in policy_set.errors
+                                 if e.path == policy_set.policies[key].path)
+            await announce(policy, "PolicyInvalid",
+                           f"new version of policy {key} is invalid, the last good one "
+                           f"stays: {problems}")
+
+    async def _lead(self) -> None:
+        """Take part in the election and keep the service state's view of it current."""
+        leader = self.leader
+        if isinstance(leader, kube_leader.LeaseElector):
+            await self._lead_lease(leader)
+        self.state.set_leader(leader.is_leader)
+        await leader.run()
+        await asyncio.Future()  # AlwaysLeader.run returns at once; stay until stopped
+
+    async def _lead_lease(self, leader: kube_leader.LeaseElector) -> None:
+        # The elector's own `run` loop, plus the readiness flag and a re-evaluation of
+        # every model on becoming leader (decisions made as a follower were not applied).
+        while True:
+            was = self.state.leader
+            leading = await leader.try_acquire_or_renew()
+            self.state.set_leader(leading)
+            if leading and not was:
+                self.reactor.notify_all()
+            await asyncio.sleep(leader.settings.retry_period_s)
+
+    async def _expire(self) -> None:
+        """Drop signal values past the store's TTL, at the backstop tick's pace."""
+        while True:
+            await asyncio.sleep(self.settings.engine.backstop_tick_seconds)
+            self.store.expire(self.wall_clock())
+
+    # -- stop ---------------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self.state.set_draining()
+        stop = self.supervisor.stop
+        for name in ("source:nats", "source:jetstream", "source:prometheus", "policy-watcher",
+                     "reactor-backstop", "store-expiry"):
+            await stop(name)
+        if hasattr(self, "reactor"):
+            await self.reactor.drain(timeout_s=self.drain_timeout_s)
+        await stop("leader")
+        if hasattr(self, "leader"):
+            await self.leader.release()
+        await self.supervisor.stop_all()
+        for server in (self.http, self.metrics_api):
+            if server is not None:
+                await server.close()
+        if hasattr(self, "prometheus"):
+            self.prometheus.close()
+        if self.backend is not None and self.backend.close is not None:
+            await self.backend.close()
+        if self._audit is not None:
+            self._audit.close()
+        if self._cert_dir is not None:
+            shutil.rmtree(self._cert_dir, ignore_errors=True)
+        log.info("scaler stopped")
+
+    async def run_until_signalled(self) -> int:
+        """Start, run until SIGTERM/SIGINT (drain, exit 0) or a task fails (exit 1).
+
+        A start that fails (no cluster credentials, a port in use) is logged with its
+        cause and exits 1 after undoing what had started.
+        """
+        loop = asyncio.get_running_loop()
+        stop_requested = asyncio.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop_requested.set)
+        try:
+            try:
+                await self.start()
+            except Exception as error:
+                log.error("scaler could not start: %s: %s", type(error).__name__, error,
+                          exc_info=True)
+                return 1
+            waiters = [asyncio.create_task(stop_requested.wait(), name="wait-signal"),
+                       asyncio.create_task(self.supervisor.failed.wait(), name="wait-failure")]
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in waiters:
+                waiter.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await waiter
+        finally:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+            await self.stop()
+        if self.supervisor.failures:
+            for failure in self.supervisor.failures:
+                log.error("stopped because task %s failed: %s", failure.name, failure.error)
+            return 1
+        return 0
+
+
+def _dropped(stats: signal_base.SourceStats) -> service_state.DropCounter:
+    return lambda: dict(stats.dropped)

@@ -1,0 +1,354 @@
+"""The service's in-memory registry of policies, latest decisions and snapshots, and counters.
+
+The reactor writes here after every evaluation; the external metrics API, `/metrics`,
+`/v1/models/...` and readiness read from here. One event loop owns it, so no locks.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from scaler.engine import types
+from scaler.policy import loader, model
+
+# Labels every model carries in the external metrics API and /metrics, beside its policy's
+# metadata.labels (which cannot override these).
+MODEL_LABEL = "model"
+NAMESPACE_LABEL = "namespace"
+TARGET_LABEL = "target"
+TENANT_LABEL = "tenant"
+COST_CENTER_LABEL = "cost-center"
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One evaluation: what was seen (snapshot, cluster) and decided, at wall time `at`."""
+
+    decision: types.Decision
+    snapshot: types.SignalSnapshot
+    cluster: types.ClusterState
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class CostTotals:
+    """Accumulated GPU use and its price since the service started (DESIGN 1 vocabulary).
+
+    gpu_seconds: allocated GPU-seconds (pods that exist, starting ones included).
+    useful_gpu_seconds: the busy share of them (estimated, see `busy_ratio`).
+    requests: requests served, from the arrival-rate signal or explicit counts.
+    """
+
+    gpu_seconds: float = 0.0
+    useful_gpu_seconds: float = 0.0
+    cost: float = 0.0
+    idle_cost: float = 0.0
+    requests: float = 0.0
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.gpu_seconds / 3600.0
+
+    @property
+    def cost_per_1k_requests(self) -> float | None:
+        """cost / requests * 1000, or None before any request was counted."""
+        if self.requests <= 0:
+            return None
+        return self.cost / self.requests * 1000.0
+
+
+def busy_ratio(policy: model.ScalePolicy, obs: Observation) -> float:
+    """Estimated fraction of the ready replicas' capacity in use, 0..1.
+
+    Without a GPU utilisation feed, the policy's own capacity unit is the measure:
+    in-flight requests over `ready * targetPerReplica` (concurrency), else tokens/s over
+    `ready * capacityPerReplica`. E.g. 30 in flight on 2 ready replicas with a target of
+    48 each: 30 / 96 = 0.31. Unknown (no such signal) counts as 1: it is better to
+    under-report idle cost than to invent it.
+    """
+    ready = obs.cluster.ready
+    if ready <= 0:
+        return 0.0
+    signals = policy.spec.signals
+    if signals.concurrency is not None and obs.snapshot.in_flight is not None:
+        capacity = ready * signals.concurrency.target_per_replica
+        return _unit(obs.snapshot.in_flight.value / capacity)
+    if signals.tokens_per_second is not None and obs.snapshot.tokens_per_second is not None:
+        capacity = ready * signals.tokens_per_second.capacity_per_replica
+        return _unit(obs.snapshot.tokens_per_second.value / capacity)
+    return 1.0
+
+
+def _unit(ratio: float) -> float:
+    if math.isnan(ratio):
+        return 0.0
+    return min(1.0, max(0.0, ratio))
+
+
+def accrue(
+    totals: CostTotals, *, policy: model.ScalePolicy, since: Observation, until: float
+) -> CostTotals:
+    """Add the GPU time from `since.at` to `until` at the allocation `since` observed.
+
+    Allocated pods are the ready plus the starting ones: a cold start holds its GPUs.
+    Worked example (DESIGN 1): 4 one-GPU replicas for 24 h at 2.50 per GPU-hour is 96
+    GPU-hours costing 240; at 35 % busy, 0.65 * 240 = 156 of it is idle cost.
+    """
+    seconds = max(0.0, until - since.at)
+    if seconds == 0.0:
+        return totals
+    gpus_per_replica = policy.spec.resources.gpus_per_replica
+    allocated = (since.cluster.ready + len(since.cluster.starting)) * gpus_per_replica
+    useful = since.cluster.ready * gpus_per_replica * busy_ratio(policy, since)
+    hourly = policy.spec.cost.gpu_hourly
+    arrivals = since.snapshot.arrival_rate
+    requests = arrivals.value * seconds if arrivals is not None and arrivals.value > 0 else 0.0
+    return CostTotals(
+        gpu_seconds=totals.gpu_seconds + allocated * seconds,
+        useful_gpu_seconds=totals.useful_gpu_seconds + useful * seconds,
+        cost=totals.cost + allocated * seconds / 3600.0 * hourly,
+        idle_cost=totals.idle_cost + (allocated - useful) * seconds / 3600.0 * hourly,
+        requests=totals.requests + requests,
+    )
+
+
+def decision_outcome(decision: types.Decision) -> str:
+    """'up', 'down', 'hold', or 'held' (kept because signals were stale or missing)."""
+    if decision.held and not decision.changed:
+        return "held"
+    if decision.desired > decision.current:
+        return "up"
+    if decision.desired < decision.current:
+        return "down"
+    return "hold"
+
+
+def model_labels(policy: model.ScalePolicy) -> dict[str, str]:
+    """The label set a model is selected by (external metrics API labelSelector)."""
+    labels = dict(policy.metadata.labels)
+    labels[MODEL_LABEL] = policy.metadata.name
+    labels[NAMESPACE_LABEL] = policy.metadata.namespace
+    labels[TARGET_LABEL] = policy.spec.target.name
+    return labels
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatus:
+    """A read-only view of one model for the APIs; counters are totals since start."""
+
+    policy: model.ScalePolicy
+    last: Observation | None
+    decisions: Mapping[str, int]
+    patches: Mapping[str, int]
+    clamps: Mapping[str, int]
+    cost: CostTotals
+
+    @property
+    def key(self) -> str:
+        return self.policy.key
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return model_labels(self.policy)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyLoadStatus:
+    """The outcome of the latest policy (re)load.
+
+    errors: every problem found, naming file, document and field.
+    kept: keys of policies whose new version was invalid, so the last good one stays.
+    """
+
+    at: float
+    policies: int
+    errors: tuple[loader.PolicyError, ...] = ()
+    kept: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+@dataclass(slots=True)
+class _Entry:
+    """Mutable per-model record; only ServiceState touches it."""
+
+    policy: model.ScalePolicy
+    last: Observation | None = None
+    decisions: collections.Counter[str] = field(default_factory=collections.Counter)
+    patches: collections.Counter[str] = field(default_factory=collections.Counter)
+    clamps: collections.Counter[str] = field(default_factory=collections.Counter)
+    cost: CostTotals = field(default_factory=CostTotals)
+
+
+DropCounter = Callable[[], Mapping[str, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatus:
+    """A node pool's latest plan, what the pool actuator did with it, and counts by outcome."""
+
+    plan: types.NodePlan
+    outcome: str
+    reason: str
+    at: float
+    applies: Mapping[str, int]
+
+
+class ServiceState:
+    """Latest decisions and snapshots per model, plus service-wide status."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
+        self._load: PolicyLoadStatus | None = None
+        self._reloads: collections.Counter[str] = collections.Counter()
+        self._leader: bool | None = None
+        self._drop_sources: dict[str, DropCounter] = {}
+        self._draining = False
+        self._pools: dict[str, PoolStatus] = {}
+
+    # -- policies -------------------------------------------------------------------------
+
+    def set_policies(
+        self, policies: Iterable[model.ScalePolicy], *, status: PolicyLoadStatus
+    ) -> None:
+        """Replace the policy set. Models that stay keep their history; removed ones go."""
+        fresh: dict[str, _Entry] = {}
+        for policy in policies:
+            entry = self._entries.get(policy.key)
+            if entry is None:
+                entry = _Entry(policy=policy)
+            else:
+                entry.policy = policy
+            fresh[policy.key] = entry
+        self._entries = fresh
+        pools = {e.policy.spec.node_pool.name for e in fresh.values() if e.policy.spec.node_pool}
+        self._pools = {name: pool for name, pool in self._pools.items() if name in pools}
+        self._load = status
+        self._reloads["ok" if status.ok else "invalid"] += 1
+
+    @property
+    def policy_load(self) -> PolicyLoadStatus | None:
+        return self._load
+
+    @property
+    def reloads(self) -> Mapping[str, int]:
+        return dict(self._reloads)
+
+    def policy(self, key: str) -> model.ScalePolicy | None:
+        entry = self._entries.get(key)
+        return entry.policy if entry else None
+
+    def keys(self) -> list[str]:
+        return list(self._entries)
+
+    # -- leadership -----------------------------------------------------------------------
+
+    @property
+    def leader(self) -> bool | None:
+        """True when this replica holds the Lease, False when another does, None unknown."""
+        return self._leader
+
+    def set_leader(self, leader: bool) -> None:
+        self._leader = leader
+
+    def set_draining(self) -> None:
+        """Shutting down: readiness fails so traffic and probes move elsewhere."""
+        self._draining = True
+
+    @property
+    def ready(self) -> bool:
+        """Ready when policies were loaded once and the leader state is known."""
+        return self._load is not None and self._leader is not None and not self._draining
+
+    def not_ready_reasons(self) -> list[str]:
+        reasons = []
+        if self._draining:
+            reasons.append("shutting down")
+        if self._load is None:
+            reasons.append("policies not loaded yet")
+        if self._leader is None:
+            reasons.append("leader state unknown")
+        return reasons
+
+    # -- evaluations ----------------------------------------------------------------------
+
+    def record(self, key: str, observation: Observation) -> None:
+        """Store an evaluation, count it, and accrue GPU time since the previous one."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return  # the policy was removed while it was being evaluated
+        if entry.last is not None:
+            entry.cost = accrue(entry.cost, policy=entry.policy, since=entry.last,
+                                until=observation.at)
+        entry.last = observation
+        entry.decisions[decision_outcome(observation.decision)] += 1
+        for clamp in observation.decision.clamps:
+            entry.clamps[clamp.name] += 1
+
+    def record_patch(self, key: str, outcome: str) -> None:
+        """Count a patch attempt: 'applied', 'conflict', 'failed', 'dry_run', ..."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            entry.patches[outcome] += 1
+
+    def record_requests(self, key: str, count: float) -> None:
+        """Add served requests counted elsewhere (e.g. HTTP push), for cost per 1k requests."""
+        entry = self._entries.get(key)
+        if entry is not None and count > 0:
+            entry.cost = dataclasses.replace(entry.cost, requests=entry.cost.requests + count)
+
+    def record_pool(self, plan: types.NodePlan, *, outcome: str, reason: str, at: float
+                    ) -> None:
+        """Store a node pool's plan and the outcome of applying it."""
+        previous = self._pools.get(plan.pool)
+        applies = collections.Counter(previous.applies if previous else {})
+        applies[outcome] += 1
+        self._pools[plan.pool] = PoolStatus(plan=plan, outcome=outcome, reason=reason, at=at,
+                                            applies=dict(applies))
+
+    def pools(self) -> list[PoolStatus]:
+        return [self._pools[name] for name in sorted(self._pools)]
+
+    # -- dropped messages -----------------------------------------------------------------
+
+    def add_drop_counter(self, source: str, counter: DropCounter) -> None:
+        """Register a signal source's dropped-message counts (reason -> count)."""
+        self._drop_sources[source] = counter
+
+    def dropped(self) -> dict[tuple[str, str], int]:
+        """(source, reason) -> messages dropped since start."""
+        out: dict[tuple[str, str], int] = {}
+        for source, counter in self._drop_sources.items():
+            for reason, count in counter().items():
+                out[(source, reason)] = count
+        return out
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def status(self, key: str) -> ModelStatus | None:
+        entry = self._entries.get(key)
+        return None if entry is None else _view(entry)
+
+    def statuses(self) -> list[ModelStatus]:
+        return [_view(entry) for entry in self._entries.values()]
+
+    def find_by_name(self, name: str) -> list[ModelStatus]:
+        """Models called `name` in any namespace (for /v1/models/{model}/decision)."""
+        return [_view(e) for e in self._entries.values() if e.policy.metadata.name == name]
+
+
+def _view(entry: _Entry) -> ModelStatus:
+    return ModelStatus(
+        policy=entry.policy,
+        last=entry.last,
+        decisions=dict(entry.decisions),
+        patches=dict(entry.patches),
+        clamps=dict(entry.clamps),
+        cost=entry.cost,
+    )

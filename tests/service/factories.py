@@ -1,0 +1,98 @@
+"""Builders of policies and evaluations for the service tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scaler.engine import types
+from scaler.policy import model
+from scaler.service import state as service_state
+
+NOW = 1_764_410_000.0  # 2025-11-29T09:53:20Z, a fixed wall-clock instant
+
+
+def policy(
+    name: str = "llama-70b",
+    *,
+    namespace: str = "inference",
+    labels: dict[str, str] | None = None,
+    spec: dict[str, Any] | None = None,
+) -> model.ScalePolicy:
+    body: dict[str, Any] = {
+        "target": {"name": name},
+        "replicas": {"min": 1, "max": 16},
+        "signals": {
+            "concurrency": {"targetPerReplica": 48},
+            "queueDepth": {"targetWaitingPerReplica": 4},
+            "tokensPerSecond": {"capacityPerReplica": 2400},
+            "p95Latency": {"sloSeconds": 2.0},
+        },
+        "staleAfterSeconds": 30,
+        "cost": {"gpuHourly": 2.5},
+    }
+    body.update(spec or {})
+    return model.ScalePolicy.model_validate({
+        "apiVersion": "scaler.io/v1alpha1",
+        "kind": "ScalePolicy",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
+        "spec": body,
+    })
+
+
+def observation(
+    *,
+    at: float = NOW,
+    current: int = 2,
+    desired: int = 3,
+    ready: int = 2,
+    starting: tuple[float, ...] = (),
+    queue_depth: float | None = 12.0,
+    in_flight: float | None = 30.0,
+    tokens_per_second: float | None = 2400.5,
+    p95_latency_s: float | None = 1.8,
+    arrival_rate: float | None = None,
+    age_s: float = 0.5,
+    held: bool = False,
+    clamps: tuple[types.Clamp, ...] = (),
+    model_name: str = "inference/llama-70b",
+) -> service_state.Observation:
+    def value(v: float | None) -> types.SignalValue | None:
+        return None if v is None else types.SignalValue(value=v, age_s=age_s)
+
+    snapshot = types.SignalSnapshot(
+        queue_depth=value(queue_depth),
+        in_flight=value(in_flight),
+        tokens_per_second=value(tokens_per_second),
+        p95_latency_s=value(p95_latency_s),
+        arrival_rate=value(arrival_rate),
+    )
+    decision = types.Decision(
+        model=model_name,
+        at=at,
+        current=current,
+        desired=desired,
+        recommendation=desired,
+        winner="concurrency" if not held else None,
+        signals=(
+            types.SignalReason(name="concurrency", value=42.0, age_s=age_s, fresh=True,
+                               recommendation=desired, detail="ceil(42 / 48) = 1"),
+            types.SignalReason(name="queue_depth", value=queue_depth, age_s=age_s, fresh=True,
+                               recommendation=2, detail="12 waiting on 2 ready"),
+        ),
+        clamps=clamps,
+        forecast=types.Forecast(time_to_ready_s=150.0, needs_node=False, demand_now=0.9,
+                                slope_per_s=0.001, demand_at_ready=1.05,
+                                replicas_at_ready=desired, replicas_at_node_ready=desired),
+        held=held,
+    )
+    cluster = types.ClusterState(current=current, ready=ready, starting=starting)
+    return service_state.Observation(decision=decision, snapshot=snapshot, cluster=cluster,
+                                     at=at)
+
+
+def loaded_state(*policies: model.ScalePolicy) -> service_state.ServiceState:
+    registry = service_state.ServiceState()
+    registry.set_policies(
+        policies, status=service_state.PolicyLoadStatus(at=NOW, policies=len(policies))
+    )
+    return registry

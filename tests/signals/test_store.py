@@ -1,0 +1,316 @@
+"""The signal store: sums over fresh sources, TTL, merged histograms, windows, listeners."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scaler.engine import types
+from scaler.signals import base, store
+
+T0 = 1_764_410_000.0
+KEY = "inference/llama-70b"
+
+
+def sample(
+    signal: str,
+    value: float | None,
+    *,
+    source: str = "pod-a",
+    ts: float = T0,
+    histogram: base.Histogram | None = None,
+    model: str = KEY,
+) -> base.Sample:
+    return base.Sample(model, signal, source, ts, value, histogram)
+
+
+# --- histograms -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("le", "counts", "q", "expected"),
+    [
+        # rank 95 of 100 lies in (1, 2.5] holding 20, 15 of them below: 1 + 1.5 * 15/20.
+        ((0.5, 1, 2.5), (40, 80, 100), 0.95, 2.125),
+        # rank 50 is past the first bucket's 40: (0.5, 1] holds 40, 10 of them below
+        # the rank: 0.5 + 0.5 * 10/40.
+        ((0.5, 1, 2.5), (40, 80, 100), 0.5, 0.625),
+        ((0.5, 1, 2.5), (40, 80, 100), 0.2, 0.25),  # first bucket starts at 0
+        ((1, 2), (0, 10), 0.95, 1.95),  # empty first bucket
+        ((1, 2), (10, 10), 0.99, 0.99),  # nothing above 1
+        ((0.1, 0.25, 0.5, 1, 2.5, 5, 10), (3, 10, 40, 80, 95, 99, 100), 0.95, 2.5),
+    ],
+)
+def test_quantile_interpolates_like_histogram_quantile(
+    le: tuple[float, ...], counts: tuple[float, ...], q: float, expected: float
+) -> None:
+    quantile = base.Histogram(le=le, counts=counts).quantile(q)
+    assert quantile == pytest.approx(expected)
+
+
+def test_empty_histogram_has_no_quantile() -> None:
+    assert base.Histogram(le=(1, 2), counts=(0, 0)).quantile(0.95) is None
+
+
+def test_merge_with_identical_bounds_sums_counts() -> None:
+    a = base.Histogram(le=(1, 2, 4), counts=(10, 20, 30))
+    b = base.Histogram(le=(1, 2, 4), counts=(0, 5, 10))
+    assert base.merge_histograms([a, b]) == base.Histogram(le=(1, 2, 4), counts=(10, 25, 40))
+
+
+def test_merge_with_different_bounds_uses_the_union() -> None:
+    a = base.Histogram(le=(1, 2), counts=(10, 20))
+    b = base.Histogram(le=(2, 4), counts=(4, 8))
+    # b at 1 s: 4 * (1 - 0)/(2 - 0) = 2; a above its last bound stays at 20.
+    assert base.merge_histograms([a, b]) == base.Histogram(le=(1, 2, 4), counts=(12, 24, 28))
+
+
+def test_merged_p95_is_not_the_average_of_p95s() -> None:
+    # A fast replica with 900 requests under 0.1 s and a slow one with 100 around 4 s.
+    fast = base.Histogram(le=(0.1, 1, 5), counts=(900, 900, 900))
+    slow = base.Histogram(le=(0.1, 1, 5), counts=(0, 0, 100))
+    merged = base.merge_histograms([fast, slow])
+    assert merged is not None
+    # rank 950 of 1000 lies in (1, 5] holding 100, 50 of them below: 1 + 4 * 50/100 = 3.
+    assert merged.quantile(0.95) == pytest.approx(3.0)
+    average_of_p95s = ((fast.quantile(0.95) or 0) + (slow.quantile(0.95) or 0)) / 2
+    # (0.095 + 4.8) / 2: averaging says 2.45 s where the true p95 is 3 s.
+    assert average_of_p95s == pytest.approx(2.4475)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.integers(min_value=0, max_value=50), min_size=3, max_size=3),
+        min_size=1,
+        max_size=4,
+    ),
+    st.floats(min_value=0.01, max_value=0.99),
+)
+def test_merge_preserves_totals_and_orders_quantiles(
+    increments: list[list[int]], q: float
+) -> None:
+    # Each replica: non-negative per-bucket increments made cumulative, shared bounds.
+    histograms = []
+    for steps in increments:
+        cumulative = [float(sum(steps[: i + 1])) for i in range(3)]
+        histograms.append(base.Histogram(le=(0.5, 1.0, 2.0), counts=tuple(cumulative)))
+    merged = base.merge_histograms(histograms)
+    assert merged is not None
+    assert merged.total == sum(h.total for h in histograms)
+    value = merged.quantile(q)
+    if merged.total == 0:
+        assert value is None
+    else:
+        assert value is not None and 0 <= value <= 2.0
+        # The merged quantile lies between the replicas' quantiles.
+        own = [h.quantile(q) for h in histograms if h.total > 0]
+        assert min(v for v in own if v is not None) - 1e-9 <= value
+        assert value <= max(v for v in own if v is not None) + 1e-9
+
+
+# --- combining ------------------------------------------------------------------------
+
+
+def test_counts_are_summed_over_fresh_sources() -> None:
+    signal_store = store.SignalStore()
+    signal_store.put(
+        [
+            sample("queue_depth", 4, source="pod-a", ts=T0),
+            sample("queue_depth", 6, source="pod-b", ts=T0 - 10),
+            sample("queue_depth", 100, source="pod-c", ts=T0 - 45),  # stale at 30 s
+        ]
+    )
+    value = signal_store.value(KEY, "queue_depth", now=T0 + 1, stale_after_s=30)
+    assert value == types.SignalValue(value=10.0, age_s=1.0, sources=2)
+
+
+def test_a_source_reporting_again_replaces_its_value() -> None:
+    signal_store = store.SignalStore()
+    signal_store.put([sample("in_flight", 4, ts=T0)])
+    signal_store.put([sample("in_flight", 7, ts=T0 + 1)])
+    signal_store.put([sample("in_flight", 1, ts=T0 + 0.5)])  # late, out of order: ignored
+    value = signal_store.value(KEY, "in_flight", now=T0 + 1, stale_after_s=30)
+    assert value is not None and value.value == 7
+
+
+def test_all_stale_reports_the_last_value_with_its_age() -> None:
+    signal_store = store.SignalStore()
+    signal_store.put([sample("queue_depth", 4, ts=T0), sample("queue_depth", 2, source="b",
+                                                             ts=T0 - 5)])
+    value = signal_store.value(KEY, "queue_depth", now=T0 + 40, stale_after_s=30)
+    # Nothing is fresh; the engine sees 6 aged 40 s (> 30: stale, hold), not "missing".
+    assert value == types.SignalValue(value=6.0, age_s=40.0, sources=2)
+
+
+def test_values_expire_after_the_ttl() -> None:
+    signal_store = store.SignalStore(limits=store.StoreLimits(ttl_s=60))
+    signal_store.put([sample("queue_depth", 4, ts=T0)])
+    assert signal_store.value(KEY, "queue_depth", now=T0 + 59, stale_after_s=30) is not None
+    assert signal_store.value(KEY, "queue_depth", now=T0 + 61, stale_after_s=30) is None
+    signal_store.expire(T0 + 700)
+    assert signal_store.models() == ()
+
+
+def test_missing_sample_forgets_the_sources_value() -> None:
+    signal_store = store.SignalStore()
+    signal_store.put([sample("queue_depth", 9, source="prometheus")])
+    signal_store.put([sample("queue_depth", None, source="prometheus", ts=T0 + 1)])
+    assert signal_store.value(KEY, "queue_depth", now=T0 + 1, stale_after_s=30) is None
+
+
+def test_latency_merges_histograms_and_guards_with_p95_only_sources() -> None:
+    signal_store = store.SignalStore()
+    fast = base.Histogram(le=(0.1, 1, 5), counts=(900, 900, 900))
+    slow = base.Histogram(le=(0.1, 1, 5), counts=(0, 0, 100))
+    signal_store.put(
+        [
+            sample("latency.ttft", 0.09, source="a", histogram=fast),
+            sample("latency.ttft", 4.2, source="b", histogram=slow),
+        ]
+    )
+    value = signal_store.value(KEY, "latency.ttft", now=T0, stale_after_s=30)
+    assert value is not None and value.value == pytest.approx(3.0) and value.sources == 2
+    # A source that sends only a p95 counts by max: 3.5 > 3.0.
+    signal_store.put([sample("latency.ttft", 3.5, source="c")])
+    value = signal_store.value(KEY, "latency.ttft", now=T0, stale_after_s=30)
+    assert value is not None and value.value == pytest.approx(3.5) and value.sources == 3
+
+
+def test_gauges_are_averaged() -> None:
+    combined = store.combine(
+        "kv_cache_usage", [sample("kv_cache_usage", 0.2), sample("kv_cache_usage", 0.6,
+                                                                 source="b")]
+    )
+    assert combined is not None and combined.value == pytest.approx(0.4)
+
+
+def test_snapshot_maps_signals_for_the_engine() -> None:
+    signal_store = store.SignalStore()
+    histogram = base.Histogram(le=(0.5, 1, 2.5), counts=(40, 80, 100))
+    signal_store.put(
+        [
+            sample("queue_depth", 3, ts=T0 - 2),
+            sample("in_flight", 5, ts=T0 - 1),
+            sample("tokens_per_second", 1200.0),
+            sample("latency.e2e", None, histogram=histogram),
+            sample("latency.ttft", 9.0),
+            sample("arrival_rate", 7.5, source="jetstream/S/c"),
+        ]
+    )
+    snapshot = signal_store.snapshot(KEY, now=T0, stale_after_s=30, latency_metric="e2e")
+    assert snapshot == types.SignalSnapshot(
+        queue_depth=types.SignalValue(3.0, 2.0, 1),
+        in_flight=types.SignalValue(5.0, 1.0, 1),
+        tokens_per_second=types.SignalValue(1200.0, 0.0, 1),
+        p95_latency_s=types.SignalValue(2.125, 0.0, 1),
+        arrival_rate=types.SignalValue(7.5, 0.0, 1),
+    )
+    assert store.SignalStore().snapshot("x/y", now=T0, stale_after_s=30) == (
+        types.SignalSnapshot()
+    )
+
+
+def test_sources_per_signal_are_bounded() -> None:
+    signal_store = store.SignalStore(limits=store.StoreLimits(max_sources=3))
+    signal_store.put([sample("queue_depth", 1, source=f"p{i}", ts=T0 + i) for i in range(5)])
+    value = signal_store.value(KEY, "queue_depth", now=T0 + 5, stale_after_s=30)
+    assert value is not None and value.sources == 3 and value.value == 3
+
+
+# --- windows, trend, listeners ----------------------------------------------------------
+
+
+def test_window_keeps_one_point_per_second_and_is_bounded() -> None:
+    limits = store.StoreLimits(window_s=10, resolution_s=1)
+    signal_store = store.SignalStore(limits=limits)
+    for i in range(40):  # 4 samples per second for 10 s: 1, 2, 3, ... 40
+        signal_store.put([sample("queue_depth", i + 1, ts=T0 + i * 0.25)])
+    history = signal_store.history(KEY, "queue_depth")
+    # The last value of each second: 4, 8, ..., 40, one point per second.
+    assert history == tuple((T0 + s, float(4 * (s + 1))) for s in range(10))
+    for i in range(40, 400):
+        signal_store.put([sample("queue_depth", 1, ts=T0 + i * 0.25)])
+    assert len(signal_store.history(KEY, "queue_depth")) <= 11
+
+
+def test_window_sums_sources_at_each_second() -> None:
+    signal_store = store.SignalStore()
+    signal_store.put([sample("queue_depth", 2, source="a", ts=T0)])
+    signal_store.put([sample("queue_depth", 3, source="b", ts=T0 + 0.5)])
+    signal_store.put([sample("queue_depth", 4, source="a", ts=T0 + 1.2)])
+    assert signal_store.history(KEY, "queue_depth") == ((T0, 5.0), (T0 + 1, 7.0))
+
+
+def test_trend_is_the_least_squares_slope() -> None:
+    signal_store = store.SignalStore()
+    for second, depth in enumerate([10, 12, 14, 16]):
+        signal_store.put([sample("queue_depth", depth, ts=T0 + second)])
+    assert signal_store.trend(KEY, "queue_depth", now=T0 + 3, window_s=60) == pytest.approx(2.0)
+    assert store.slope([(0.0, 1.0)]) is None
+    assert store.slope([(1.0, 1.0), (1.0, 5.0)]) is None
+
+
+def test_listeners_hear_each_model_once_per_put() -> None:
+    signal_store = store.SignalStore()
+    heard: list[str] = []
+    remove = signal_store.add_listener(heard.append)
+    signal_store.put(
+        [sample("queue_depth", 1), sample("in_flight", 2), sample("queue_depth", 1, model="a/b")]
+    )
+    assert heard == [KEY, "a/b"]
+    remove()
+    signal_store.put([sample("queue_depth", 1, ts=T0 + 1)])
+    assert heard == [KEY, "a/b"]
+
+
+def test_a_failing_listener_does_not_stop_ingestion() -> None:
+    signal_store = store.SignalStore()
+    heard: list[str] = []
+
+    def broken(key: str) -> None:
+        raise RuntimeError("bug in a listener")
+
+    signal_store.add_listener(broken)
+    signal_store.add_listener(heard.append)
+    signal_store.put([sample("queue_depth", 1)])
+    assert heard == [KEY]
+    assert signal_store.value(KEY, "queue_depth", now=T0, stale_after_s=30) is not None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c"]),
+            st.floats(min_value=0, max_value=60),
+            st.floats(min_value=0, max_value=1e6),
+        ),
+        max_size=30,
+    )
+)
+def test_sum_equals_the_newest_fresh_value_per_source(
+    events: list[tuple[str, float, float]],
+) -> None:
+    signal_store = store.SignalStore()
+    for source, offset, value in events:
+        signal_store.put([sample("queue_depth", value, source=source, ts=T0 + offset)])
+    now = T0 + 60
+    # The model: per source, the value with the newest timestamp (the last one on a tie).
+    # Compare the timestamps the store sees: T0 + 59.99999999999999 == T0 + 60.
+    newest: dict[str, tuple[float, float]] = {}
+    for source, offset, value in events:
+        if source not in newest or newest[source][0] <= T0 + offset:
+            newest[source] = (T0 + offset, value)
+    fresh = [v for ts, v in newest.values() if now - ts <= 30]
+    got = signal_store.value(KEY, "queue_depth", now=now, stale_after_s=30)
+    if fresh:
+        assert got is not None and math.isclose(got.value, math.fsum(fresh), rel_tol=1e-9)
+        assert got.sources == len(fresh)
+    elif not newest:
+        assert got is None
+    else:
+        assert got is not None and got.age_s > 30
