@@ -1,10 +1,94 @@
-"""Subcommands of this area; `register` adds them to the `scaler` command line."""
+"""The `scaler simulate` subcommand (DESIGN 4.4): replay a trace against scaling strategies."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 from typing import Any
+
+import pydantic
+import yaml
+
+from scaler.policy import model as policy_model
+from scaler.sim import profiles, report, run, strategies, traces
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     """Add this area's subcommands. Each sets `handler=func(args) -> exit code`."""
+    parser = subparsers.add_parser(
+        "simulate",
+        help="replay a request trace against scaler, hpa, keda, kpa and an oracle",
+        description="Replay a request trace on a simulated GPU cluster under each scaling "
+        "strategy; print a comparison table and optionally write JSON and HTML reports.",
+    )
+    parser.add_argument("--trace", required=True, type=Path,
+                        help="trace file (or ServeGen folder)")
+    parser.add_argument("--trace-format", choices=traces.FORMATS, default="auto",
+                        help="trace format (default: sniffed from the file)")
+    parser.add_argument("--rate-scale", type=float, default=1.0,
+                        help="multiply the request rate: superposed time-shifted copies "
+                        "above 1, thinning below 1 (default 1)")
+    parser.add_argument("--policy", required=True, type=Path,
+                        help="ScalePolicy YAML (spec.profile names the replica profile)")
+    parser.add_argument("--strategies", default=",".join(strategies.STRATEGIES),
+                        help="comma-separated subset of scaler,hpa,keda,kpa,oracle")
+    parser.add_argument("--duration", type=float, metavar="SECONDS",
+                        help="replay only the trace's first SECONDS (e.g. 86400 for the "
+                        "first day of a 14-day ServeGen trace)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed for rate scaling and ServeGen draws (default 0)")
+    parser.add_argument("--json", type=Path, metavar="OUT.json", help="write the JSON report")
+    parser.add_argument("--report", type=Path, metavar="OUT.html", help="write the HTML report")
+    parser.set_defaults(handler=simulate_command)
+
+
+def _load_policy(path: Path) -> policy_model.ScalePolicy:
+    """The first document of a policy file (the simulator replays one model at a time)."""
+    try:
+        documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    except (OSError, yaml.YAMLError) as exc:
+        raise SystemExit(f"scaler simulate: cannot read policy {path}: {exc}") from None
+    if not documents:
+        raise SystemExit(f"scaler simulate: {path} has no policy document")
+    try:
+        return policy_model.ScalePolicy.model_validate(documents[0])
+    except pydantic.ValidationError as exc:
+        raise SystemExit(f"scaler simulate: {path} is not a valid ScalePolicy:\n{exc}") from None
+
+
+def simulate_command(args: argparse.Namespace) -> int:
+    names = [n.strip() for n in str(args.strategies).split(",") if n.strip()]
+    unknown = [n for n in names if n not in strategies.STRATEGIES]
+    if unknown or not names:
+        print(f"scaler simulate: unknown strategies {unknown}; choose from "
+              f"{', '.join(strategies.STRATEGIES)}", file=sys.stderr)
+        return 2
+    if args.rate_scale <= 0 or (args.duration is not None and args.duration <= 0):
+        print("scaler simulate: --rate-scale and --duration must be positive", file=sys.stderr)
+        return 2
+    try:
+        policy = _load_policy(args.policy)
+        profile = profiles.load_profile(policy.spec.profile or "llama-3.1-8b-h100")
+        trace = traces.load_trace(args.trace, args.trace_format, rate_scale=args.rate_scale,
+                                  seed=args.seed, max_duration_s=args.duration)
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except (traces.TraceError, profiles.ProfileError) as exc:
+        print(f"scaler simulate: {exc}", file=sys.stderr)
+        return 2
+    bar = report.ProgressBar(names)
+    try:
+        result = run.simulate(trace, policy=policy, profile=profile, names=names, progress=bar)
+    finally:
+        bar.close()
+    print(f"trace {trace.path}: {trace.requests} requests over {trace.duration_s:.0f} s "
+          f"(rate scale {trace.rate_scale:g}); policy {policy.name}; SLO p95 "
+          f"{result.slo_metric} <= {result.slo_threshold_s:g} s; profile {profile.name}")
+    print(report.table(result))
+    if args.json:
+        report.write_json(result, args.json)
+    if args.report:
+        report.write_html(result, args.report)
+    return 0

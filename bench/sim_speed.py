@@ -1,0 +1,71 @@
+"""Simulator speed: a one-hour trace at about 50 req/s through all five strategies, one core.
+
+Run: .venv/bin/python bench/sim_speed.py [--trace PATH] [--rate-scale X]
+Default trace: Azure conv 2023 (../shared/traces) x 9 = 174k requests over 3,502 s
+(49.8 req/s); without ../shared, the bundled 20-minute conv slice tiled to an hour, x 9.
+Target (issue 3): under 60 s for all five strategies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from scaler.policy import model as policy_model
+from scaler.sim import profiles, run, traces
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_CONV = REPO / ".." / "shared" / "traces" / "azure_llm_2023" / \
+    "AzureLLMInferenceTrace_conv.csv"
+BUNDLED_CONV = REPO / "loadtests" / "traces" / "AzureLLMInferenceTrace_conv_20min.csv"
+
+
+def _hour_from_slice(path: Path, *, scale: float, seed: int) -> traces.Trace:
+    """Three back-to-back copies of a 20-minute slice, then rate-scaled: one hour."""
+    base = traces.load_trace(path)
+    parts = [base.arrival_s + k * 1200.0 for k in range(3)]
+    tiled = traces.Trace(str(path), np.concatenate(parts),
+                         np.tile(base.input_tokens, 3), np.tile(base.output_tokens, 3))
+    return traces.scale_rate(tiled, scale, seed=seed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace", type=Path)
+    parser.add_argument("--rate-scale", type=float, default=9.0)
+    parser.add_argument("--policy", type=Path, default=REPO / "config" / "llama-8b.yaml")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
+    started = time.perf_counter()
+    if args.trace is not None:
+        trace = traces.load_trace(args.trace, rate_scale=args.rate_scale, seed=args.seed)
+    elif SHARED_CONV.is_file():
+        trace = traces.load_trace(SHARED_CONV, rate_scale=args.rate_scale, seed=args.seed)
+    else:
+        trace = _hour_from_slice(BUNDLED_CONV, scale=args.rate_scale * 1.0, seed=args.seed)
+    loaded = time.perf_counter()
+    policy = policy_model.ScalePolicy.model_validate(yaml.safe_load(args.policy.read_text()))
+    profile = profiles.load_profile(policy.spec.profile or "llama-3.1-8b-h100")
+    print(f"trace {trace.path}: {trace.requests} requests over {trace.duration_s:.0f} s "
+          f"({trace.requests / trace.duration_s:.1f} req/s), loaded in {loaded - started:.1f} s")
+    total = 0.0
+    for name in ("scaler", "hpa", "keda", "kpa", "oracle"):
+        t0 = time.perf_counter()
+        result = run.simulate(trace, policy=policy, profile=profile, names=[name])
+        elapsed = time.perf_counter() - t0
+        total += elapsed
+        s = result.results[name].summary
+        print(f"{name:<7} {elapsed:6.1f} s   max replicas {s['max_replicas']:>3}  "
+              f"GPU-h {s['gpu_hours']:.2f}")
+    print(f"all five strategies: {total:.1f} s (target < 60 s)")
+
+
+if __name__ == "__main__":
+    main()

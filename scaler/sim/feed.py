@@ -1,0 +1,128 @@
+"""Simulated replicas reporting to the real signal store, as vLLM pods would over NATS."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from scaler.engine import types as engine_types
+from scaler.signals import base as signal_base
+from scaler.signals import store as signal_store
+from scaler.sim import cluster as sim_cluster
+
+# vLLM's bucket bounds for vllm:time_to_first_token_seconds (and close to its e2e ones):
+# the p95 the engine sees is interpolated inside these, as histogram_quantile does.
+VLLM_LATENCY_BUCKETS: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+    10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)
+GATEWAY_SOURCE = "gateway"
+
+
+@dataclass(slots=True)
+class SignalFeed:
+    """Every `interval_s`, each serving replica publishes what a vLLM pod reports.
+
+    Per pod (source `pod-<slot>`): queue_depth (its waiting requests), in_flight (its
+    running batch), tokens_per_second (its generated tokens over the last
+    `rate_window_s`), and a latency histogram (vLLM buckets) of its requests over the
+    last `latency_window_s`. The gateway (source `gateway`) publishes the requests held
+    while no replica is ready and the arrival rate. Samples reach the real SignalStore
+    `delay_s` after they were measured (publish + NATS + ingestion), and the engine reads
+    `SignalStore.snapshot`, so merging, freshness and staleness are the service's own.
+    """
+
+    model_key: str
+    start_epoch_s: float
+    latency_metric: str = "ttft"
+    delay_s: float = 1.0
+    interval_s: float = 1.0
+    rate_window_s: float = 10.0
+    latency_window_s: float = 30.0
+    store: signal_store.SignalStore = field(default_factory=signal_store.SignalStore)
+    pending: deque[tuple[float, list[signal_base.Sample]]] = field(default_factory=deque)
+    counters: deque[tuple[float, npt.NDArray[np.float64]]] = field(default_factory=deque)
+    next_publish: float = float("-inf")
+    next_expiry: float = 0.0
+
+    def advance(self, cluster: sim_cluster.SimCluster, *, now: float) -> None:
+        """Publish if due, then deliver every batch whose delay has passed."""
+        if now >= self.next_publish - 1e-9:
+            self.publish(cluster, now=now)
+            self.next_publish = now + self.interval_s
+        while self.pending and self.pending[0][0] <= now + 1e-9:
+            self.store.put(self.pending.popleft()[1])
+
+    def publish(self, cluster: sim_cluster.SimCluster, *, now: float) -> None:
+        ts = self.start_epoch_s + now
+        key = self.model_key
+        samples: list[signal_base.Sample] = []
+        tokens = cluster.tokens_by_slot.copy()
+        self.counters.append((now, tokens))
+        while len(self.counters) > 1 and self.counters[1][0] <= now - self.rate_window_s:
+            self.counters.popleft()
+        then, before = self.counters[0]
+        span = now - then
+        slots = sorted(cluster.serving_slots)
+        histograms = self._histograms(cluster, slots=slots, now=now)
+        for slot, histogram in zip(slots, histograms, strict=True):
+            source = f"pod-{slot}"
+            rate = (tokens[slot] - before[slot]) / span if span > 0 else 0.0
+            samples.extend((
+                signal_base.Sample(key, signal_base.QUEUE_DEPTH, source, ts,
+                                   float(len(cluster.queues[slot]))),
+                signal_base.Sample(key, signal_base.IN_FLIGHT, source, ts,
+                                   float(cluster.running[slot])),
+                signal_base.Sample(key, signal_base.TOKENS_PER_SECOND, source, ts, rate),
+            ))
+            if histogram is not None:
+                samples.append(signal_base.Sample(
+                    key, signal_base.latency_signal(self.latency_metric), source, ts,
+                    histogram=histogram))
+        arrivals = cluster.window(cluster.history.arrivals, start=now - self.rate_window_s,
+                                  end=now)
+        samples.append(signal_base.Sample(key, signal_base.QUEUE_DEPTH, GATEWAY_SOURCE, ts,
+                                          float(len(cluster.gateway))))
+        samples.append(signal_base.Sample(
+            key, signal_base.ARRIVAL_RATE, GATEWAY_SOURCE, ts,
+            float(arrivals.sum()) / max(arrivals.size * cluster.dt, cluster.dt)))
+        self.pending.append((now + self.delay_s, samples))
+
+    def _histograms(
+        self, cluster: sim_cluster.SimCluster, *, slots: list[int], now: float
+    ) -> list[signal_base.Histogram | None]:
+        """Per-slot cumulative histograms of the latency metric over the latency window."""
+        lo = cluster.index(now - self.latency_window_s)
+        steps = (cluster.done_ids_by_step if self.latency_metric in ("e2e", "itl")
+                 else cluster.first_ids_by_step)[lo:cluster.step]
+        chunks = [c for c in steps if c.size]
+        if not chunks or not slots:
+            return [None] * len(slots)
+        ids = np.concatenate(chunks)
+        if self.latency_metric == "e2e":
+            values = cluster.done[ids] - cluster.arrival[ids]
+        elif self.latency_metric == "itl":
+            values = (cluster.done[ids] - cluster.first_token[ids]) / np.maximum(
+                cluster.output_tokens[ids] - 1, 1)
+        else:
+            values = cluster.first_token[ids] - cluster.arrival[ids]
+        owner = cluster.replica[ids]
+        bounds = np.asarray(VLLM_LATENCY_BUCKETS)
+        bucket = np.minimum(np.searchsorted(bounds, values, side="left"), bounds.size - 1)
+        table = np.full(len(cluster.pods), -1, dtype=np.int64)
+        table[np.asarray(slots, dtype=np.int64)] = np.arange(len(slots))
+        row = table[owner]
+        keep = row >= 0
+        grid = np.zeros((len(slots), bounds.size))
+        np.add.at(grid, (row[keep], bucket[keep]), 1.0)
+        cumulative = np.cumsum(grid, axis=1)
+        return [signal_base.Histogram(le=VLLM_LATENCY_BUCKETS, counts=tuple(r.tolist()))
+                if r[-1] > 0 else None for r in cumulative]
+
+    def snapshot(self, *, now: float, stale_after_s: float) -> engine_types.SignalSnapshot:
+        return self.store.snapshot(self.model_key, now=self.start_epoch_s + now,
+                                   stale_after_s=stale_after_s,
+                                   latency_metric=self.latency_metric)

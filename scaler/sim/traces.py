@@ -1,0 +1,508 @@
+"""Request trace loaders (Azure LLM 2023, Mooncake, ServeGen, plain CSV) and rate scaling."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+TraceFormat = Literal["auto", "azure", "mooncake", "servegen", "csv"]
+FORMATS: tuple[TraceFormat, ...] = ("auto", "azure", "mooncake", "servegen", "csv")
+
+# ServeGen's aggregate traces use 600 s windows (one row per client per window).
+SERVEGEN_WINDOW_S = 600.0
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+class TraceError(ValueError):
+    """A malformed trace: names the file, the 1-based line and column, and what is wrong."""
+
+    def __init__(self, path: str | Path, *, line: int, column: str | None, message: str) -> None:
+        self.path = str(path)
+        self.line = line
+        self.column = column
+        self.message = message
+        where = f"{self.path}:{line}" + (f" column {column!r}" if column else "")
+        super().__init__(f"{where}: {message}")
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One request as a loader streams it: absolute timestamp in seconds and token counts."""
+
+    timestamp_s: float
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Requests sorted by arrival; `arrival_s` is relative to the first arrival (0.0).
+
+    `duration_s` is last minus first arrival (Azure code: 3,436 s for 8,819 requests).
+    `start_s` is the first arrival's absolute time in seconds (epoch seconds for Azure's
+    naive wall clock read as UTC; 0 for ServeGen, whose window 0 is local midnight).
+    """
+
+    path: str
+    arrival_s: FloatArray
+    input_tokens: IntArray
+    output_tokens: IntArray
+    rate_scale: float = 1.0
+    start_s: float = 0.0
+
+    @property
+    def requests(self) -> int:
+        return int(self.arrival_s.size)
+
+    @property
+    def duration_s(self) -> float:
+        return float(self.arrival_s[-1]) if self.arrival_s.size else 0.0
+
+    def per_minute(self) -> IntArray:
+        """Requests in each 60 s bin from the first arrival (the last bin may be partial)."""
+        if not self.arrival_s.size:
+            return np.zeros(0, dtype=np.int64)
+        bins = (self.arrival_s // 60.0).astype(np.int64)
+        return np.bincount(bins).astype(np.int64)
+
+
+def _int_field(value: str, *, path: str | Path, line: int, column: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        try:
+            as_float = float(value)
+        except ValueError:
+            raise TraceError(path, line=line, column=column,
+                             message=f"{value!r} is not a number") from None
+        if not as_float.is_integer():
+            raise TraceError(path, line=line, column=column,
+                             message=f"{value!r} is not a whole number of tokens") from None
+        number = int(as_float)
+    if number < 0:
+        raise TraceError(path, line=line, column=column, message=f"{number} is negative")
+    return number
+
+
+def _float_field(value: str, *, path: str | Path, line: int, column: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise TraceError(path, line=line, column=column,
+                         message=f"{value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise TraceError(path, line=line, column=column, message=f"{value!r} is not finite")
+    return number
+
+
+_EPOCH = dt.datetime(1970, 1, 1)
+
+
+def _azure_timestamp(value: str, *, path: str | Path, line: int, days: dict[str, float]) -> float:
+    """'2023-11-16 18:17:03.9799600' -> seconds since the epoch (naive; the trace has no zone).
+
+    Parsed by hand because the trace has 7 fractional digits (100 ns), which
+    `datetime.fromisoformat` does not accept on every Python 3.11 patch release, and
+    because it is about 5x faster: the date part is cached per day.
+    """
+    date_part, _, time_part = value.strip().partition(" ")
+    try:
+        day = days.get(date_part)
+        if day is None:
+            day = (dt.datetime.strptime(date_part, "%Y-%m-%d") - _EPOCH).total_seconds()
+            days[date_part] = day
+        hours, minutes, seconds = time_part.split(":")
+        return day + int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+    except ValueError:
+        raise TraceError(path, line=line, column="TIMESTAMP",
+                         message=f"{value!r} is not 'YYYY-MM-DD HH:MM:SS.fffffff'") from None
+
+
+def _csv_rows(path: Path, *, columns: tuple[str, str, str]) -> Iterator[tuple[int, list[str]]]:
+    """Rows of a CSV with a header containing `columns`, as (line number, [ts, in, out])."""
+    with path.open(newline="") as handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        if header is None:
+            raise TraceError(path, line=1, column=None, message="empty file")
+        names = [name.strip() for name in header]
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise TraceError(path, line=1, column=None,
+                             message=f"header lacks {', '.join(missing)} (found {names})")
+        index = [names.index(c) for c in columns]
+        width = max(index) + 1
+        for record in reader:
+            if not record or all(not cell.strip() for cell in record):
+                continue
+            if len(record) < width:
+                raise TraceError(path, line=reader.line_num, column=columns[len(record) - 1]
+                                 if len(record) and len(record) <= len(columns) else None,
+                                 message=f"expected {len(names)} fields, found {len(record)}")
+            yield reader.line_num, [record[i] for i in index]
+
+
+def iter_azure(path: Path) -> Iterator[Row]:
+    """Azure LLM inference trace 2023: `TIMESTAMP,ContextTokens,GeneratedTokens`."""
+    days: dict[str, float] = {}
+    for line, (stamp, context, generated) in _csv_rows(
+        path, columns=("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+    ):
+        yield Row(
+            _azure_timestamp(stamp, path=path, line=line, days=days),
+            _int_field(context, path=path, line=line, column="ContextTokens"),
+            _int_field(generated, path=path, line=line, column="GeneratedTokens"),
+        )
+
+
+def iter_plain_csv(path: Path) -> Iterator[Row]:
+    """Plain CSV: `timestamp_s,input_tokens,output_tokens` (seconds, any origin)."""
+    for line, (stamp, inp, out) in _csv_rows(
+        path, columns=("timestamp_s", "input_tokens", "output_tokens")
+    ):
+        yield Row(
+            _float_field(stamp, path=path, line=line, column="timestamp_s"),
+            _int_field(inp, path=path, line=line, column="input_tokens"),
+            _int_field(out, path=path, line=line, column="output_tokens"),
+        )
+
+
+def iter_mooncake(path: Path) -> Iterator[Row]:
+    """Mooncake JSONL: one object a line; `timestamp` (ms), `input_length`, `output_length`."""
+    with path.open() as handle:
+        for line, text in enumerate(handle, start=1):
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text.strip())
+            except json.JSONDecodeError as exc:
+                raise TraceError(path, line=line, column=f"char {exc.colno}",
+                                 message=f"invalid JSON: {exc.msg}") from None
+            if not isinstance(obj, dict):
+                raise TraceError(path, line=line, column=None, message="not a JSON object")
+            values: list[float] = []
+            for key in ("timestamp", "input_length", "output_length"):
+                if key not in obj:
+                    raise TraceError(path, line=line, column=key, message="missing")
+                raw = obj[key]
+                if isinstance(raw, bool) or not isinstance(raw, int | float):
+                    raise TraceError(path, line=line, column=key,
+                                     message=f"{raw!r} is not a number")
+                if not math.isfinite(raw) or raw < 0:
+                    raise TraceError(path, line=line, column=key,
+                                     message=f"{raw!r} is not a finite, non-negative number")
+                values.append(float(raw))
+            yield Row(values[0] / 1000.0, int(values[1]), int(values[2]))
+
+
+@dataclass(frozen=True, slots=True)
+class ServeGenWindow:
+    """One client's 600 s window: arrival rate (req/s), inter-arrival CV and distribution."""
+
+    start_s: float
+    rate: float
+    cv: float
+    pattern: str
+
+
+def iter_servegen_windows(path: Path) -> Iterator[ServeGenWindow]:
+    """Rows of one ServeGen client file (no header): start, rate, cv, pattern, shape, scale."""
+    with path.open(newline="") as handle:
+        for line, record in enumerate(csv.reader(handle), start=1):
+            if not record:
+                continue
+            if len(record) != 6:
+                raise TraceError(path, line=line, column=None,
+                                 message=f"expected 6 fields, found {len(record)}")
+            start = _float_field(record[0], path=path, line=line, column="window_start_s")
+            rate = _float_field(record[1], path=path, line=line, column="rate_req_per_s")
+            cv = _float_field(record[2], path=path, line=line, column="cv")
+            pattern = record[3].strip()
+            if rate < 0 or cv < 0:
+                raise TraceError(path, line=line, column="rate_req_per_s" if rate < 0 else "cv",
+                                 message="is negative")
+            if rate > 0 and pattern not in ("Gamma", "Weibull"):
+                raise TraceError(path, line=line, column="pattern",
+                                 message=f"{pattern!r} is not Gamma or Weibull")
+            yield ServeGenWindow(start, rate, cv, pattern)
+
+
+def _weibull_shape_for_cv(cv: float) -> float:
+    """Weibull shape k whose CV is `cv`: CV^2 = G(1+2/k)/G(1+1/k)^2 - 1, decreasing in k.
+
+    Bisection on log k; e.g. CV 1 -> k = 1 (exponential), CV 2 -> k ~ 0.54.
+    """
+    def cv_of(k: float) -> float:
+        log_ratio = math.lgamma(1 + 2 / k) - 2 * math.lgamma(1 + 1 / k)
+        return math.sqrt(max(0.0, math.expm1(min(log_ratio, 700.0))))
+
+    low, high = math.log(0.05), math.log(50.0)
+    for _ in range(60):
+        mid = (low + high) / 2
+        if cv_of(math.exp(mid)) > cv:
+            low = mid
+        else:
+            high = mid
+    return math.exp((low + high) / 2)
+
+
+def _draw_window(
+    window: ServeGenWindow, *, rate_scale: float, window_s: float, rng: np.random.Generator
+) -> FloatArray:
+    """Arrival times within one window, from the fitted inter-arrival distribution.
+
+    Gaps have mean 1/rate and the window's CV: Gamma with shape 1/CV^2 (CV 2 -> shape
+    0.25), or Weibull with the shape solved from the CV. The rate is scaled here rather
+    than thinned afterwards, so a 0.01 scale of 14 days costs 1 % of the draws.
+    """
+    rate = window.rate * rate_scale
+    if rate <= 0:
+        return np.zeros(0)
+    mean_gap = 1.0 / rate
+    cv = window.cv if window.cv > 0 else 1.0
+    expected = rate * window_s
+    batch = int(expected * 1.5 + 10 * cv + 10)
+
+    def gaps(count: int) -> FloatArray:
+        if window.pattern == "Weibull":
+            shape = _weibull_shape_for_cv(round(cv, 3))
+            return rng.weibull(shape, count) * (mean_gap / math.gamma(1 + 1 / shape))
+        shape = 1.0 / (cv * cv)
+        return rng.gamma(shape, mean_gap / shape, count)
+
+    # Start in equilibrium: the window opens inside a gap picked in proportion to its
+    # length (the inspection paradox), at a uniform point of it. Starting at an arrival
+    # instead adds (CV^2 - 1)/2 arrivals per window: +31 at CV 8, which inflated a day
+    # of ServeGen at 1 % of the rate by 6 %.
+    if window.pattern == "Weibull":
+        sample = gaps(4096)
+        total = float(sample.sum())
+        picked = sample[rng.choice(sample.size, p=sample / total)] if total > 0 else mean_gap
+    else:
+        # Length-biased Gamma(k, theta) is exactly Gamma(k + 1, theta).
+        shape = 1.0 / (cv * cv)
+        picked = rng.gamma(shape + 1.0, mean_gap / shape)
+    draws: list[FloatArray] = []
+    clock = window.start_s + rng.uniform() * float(picked)
+    draws.append(np.array([clock]))
+    end = window.start_s + window_s
+    while clock < end:
+        times = clock + np.cumsum(gaps(batch))
+        clock = float(times[-1])
+        draws.append(times)
+    times = np.concatenate(draws)
+    return times[(times >= window.start_s) & (times < end)]
+
+
+def servegen_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        files = sorted(path.glob("chunk-*-trace.csv"))
+        if not files:
+            raise TraceError(path, line=0, column=None,
+                             message="folder has no ServeGen chunk-*-trace.csv files")
+        return files
+    return [path]
+
+
+def load_lengths(path: Path) -> tuple[IntArray, IntArray]:
+    """Token lengths (input, output) from a ShareGPT-style stats CSV or any supported trace."""
+    with path.open() as handle:
+        first = handle.readline()
+    if "num_prefill_tokens" in first:
+        inputs: list[int] = []
+        outputs: list[int] = []
+        for line, (inp, out) in _csv_length_rows(path):
+            inputs.append(_int_field(inp, path=path, line=line, column="num_prefill_tokens"))
+            outputs.append(_int_field(out, path=path, line=line, column="num_decode_tokens"))
+        return np.asarray(inputs, dtype=np.int64), np.asarray(outputs, dtype=np.int64)
+    trace = load_trace(path, "auto")
+    return trace.input_tokens, trace.output_tokens
+
+
+def _csv_length_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
+    with path.open(newline="") as handle:
+        reader = csv.reader(handle)
+        names = [n.strip() for n in next(reader)]
+        i_in, i_out = names.index("num_prefill_tokens"), names.index("num_decode_tokens")
+        for record in reader:
+            if record:
+                if len(record) <= max(i_in, i_out):
+                    raise TraceError(path, line=reader.line_num, column=None,
+                                     message=f"expected {len(names)} fields")
+                yield reader.line_num, [record[i_in], record[i_out]]
+
+
+def default_lengths_path(servegen_path: Path) -> Path | None:
+    """ShareGPT lengths beside a ServeGen folder (shared/traces layout), else the bundled one."""
+    base = servegen_path if servegen_path.is_dir() else servegen_path.parent
+    for folder in (base.parent / "sharegpt_lengths", _bundled_traces()):
+        found = sorted(folder.glob("sharegpt*.csv")) if folder.is_dir() else []
+        if found:
+            return found[0]
+    return None
+
+
+def _bundled_traces() -> Path:
+    return Path(__file__).resolve().parents[2] / "loadtests" / "traces"
+
+
+def load_servegen(
+    path: Path,
+    *,
+    rate_scale: float = 1.0,
+    seed: int = 0,
+    lengths: Path | None = None,
+    max_duration_s: float | None = None,
+) -> Trace:
+    """Per-request arrivals drawn from ServeGen aggregate windows (one file per client).
+
+    Token lengths are drawn with replacement from `lengths` (default: the ShareGPT
+    stats beside the folder). `max_duration_s` keeps only the first windows, e.g. 3600
+    for the first hour of the 14 days.
+    """
+    rng = np.random.default_rng(seed)
+    times: list[FloatArray] = []
+    for file in servegen_files(path):
+        for window in iter_servegen_windows(file):
+            if max_duration_s is not None and window.start_s >= max_duration_s:
+                break
+            drawn = _draw_window(window, rate_scale=rate_scale, window_s=SERVEGEN_WINDOW_S,
+                                 rng=rng)
+            if drawn.size:
+                times.append(drawn)
+    arrival = np.sort(np.concatenate(times)) if times else np.zeros(0)
+    lengths_path = lengths or default_lengths_path(path)
+    if lengths_path is None:
+        raise TraceError(path, line=0, column=None,
+                         message="no token-length source found; pass a ShareGPT stats CSV")
+    inputs, outputs = load_lengths(lengths_path)
+    pick = rng.integers(0, inputs.size, arrival.size)
+    base = float(arrival[0]) if arrival.size else 0.0
+    return Trace(str(path), arrival - base, inputs[pick], np.maximum(outputs[pick], 1),
+                 rate_scale=rate_scale)
+
+
+def sniff(path: Path) -> TraceFormat:
+    """Guess the format from a folder's files or a file's first non-empty line."""
+    if path.is_dir():
+        servegen_files(path)
+        return "servegen"
+    with path.open() as handle:
+        first = ""
+        for text in handle:
+            if text.strip():
+                first = text.strip()
+                break
+    if not first:
+        raise TraceError(path, line=1, column=None, message="empty file")
+    if first.startswith("{"):
+        return "mooncake"
+    names = [name.strip() for name in first.split(",")]
+    if "TIMESTAMP" in names and "ContextTokens" in names:
+        return "azure"
+    if "timestamp_s" in names:
+        return "csv"
+    if len(names) == 6 and names[3] in ("Gamma", "Weibull", ""):
+        return "servegen"
+    raise TraceError(path, line=1, column=None,
+                     message="unknown trace format (expected an Azure or plain CSV header, "
+                     "Mooncake JSON lines or ServeGen windows); pass --trace-format")
+
+
+def load_trace(
+    path: str | Path,
+    fmt: TraceFormat = "auto",
+    *,
+    rate_scale: float = 1.0,
+    seed: int = 0,
+    lengths: Path | None = None,
+    max_duration_s: float | None = None,
+) -> Trace:
+    """Load any supported trace, keep its first `max_duration_s` seconds if given, and
+    apply the rate scale (see `scale_rate`)."""
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(path, line=0, column=None, message="no such file or folder")
+    if fmt == "auto":
+        fmt = sniff(path)
+    if fmt == "servegen":
+        trace = load_servegen(path, rate_scale=rate_scale, seed=seed, lengths=lengths,
+                              max_duration_s=max_duration_s)
+        return _truncate(trace, max_duration_s)
+    rows = {"azure": iter_azure, "mooncake": iter_mooncake, "csv": iter_plain_csv}[fmt](path)
+    stamps: list[float] = []
+    inputs: list[int] = []
+    outputs: list[int] = []
+    for row in rows:
+        stamps.append(row.timestamp_s)
+        inputs.append(row.input_tokens)
+        outputs.append(row.output_tokens)
+    if not stamps:
+        raise TraceError(path, line=1, column=None, message="no requests in trace")
+    arrival = np.asarray(stamps, dtype=np.float64)
+    order = np.argsort(arrival, kind="stable")
+    start = float(arrival[order[0]])
+    trace = Trace(str(path), arrival[order] - start, np.asarray(inputs, dtype=np.int64)[order],
+                  np.asarray(outputs, dtype=np.int64)[order], start_s=start)
+    return scale_rate(_truncate(trace, max_duration_s), rate_scale, seed=seed)
+
+
+def _truncate(trace: Trace, max_duration_s: float | None) -> Trace:
+    """The requests arriving before `max_duration_s` (None keeps all)."""
+    if max_duration_s is None:
+        return trace
+    keep = trace.arrival_s < max_duration_s
+    return Trace(trace.path, trace.arrival_s[keep], trace.input_tokens[keep],
+                 trace.output_tokens[keep], rate_scale=trace.rate_scale, start_s=trace.start_s)
+
+
+def scale_rate(trace: Trace, factor: float, *, seed: int = 0) -> Trace:
+    """Scale the request rate by `factor` without compressing time.
+
+    factor = k + f (k whole, 0 <= f < 1): k copies of the trace superposed, copy 0 as is
+    and copy j circularly shifted by a seeded offset in [0, duration), plus one more
+    shifted copy thinned to a fraction f of its requests. Bursts keep their shape and
+    length (compressing time by 3 would make a 60 s burst a 20 s one); the mean rate is
+    multiplied by `factor`. Azure code x 2.5: 2 full copies + half of a third = ~22,048.
+    """
+    if factor <= 0 or not math.isfinite(factor):
+        raise ValueError(f"rate scale must be a positive number, got {factor}")
+    if factor == 1.0:
+        return trace
+    rng = np.random.default_rng(seed)
+    duration = max(trace.duration_s, 1e-9)
+    whole = int(math.floor(factor))
+    fraction = factor - whole
+    parts: list[tuple[FloatArray, IntArray, IntArray]] = []
+    copies = whole + (1 if fraction > 1e-12 else 0)
+    for copy in range(copies):
+        offset = 0.0 if copy == 0 else float(rng.uniform(0.0, duration))
+        arrival = np.mod(trace.arrival_s + offset, duration) if copy else trace.arrival_s
+        inputs, outputs = trace.input_tokens, trace.output_tokens
+        if copy == copies - 1 and fraction > 1e-12:
+            keep = rng.uniform(size=arrival.size) < fraction
+            arrival, inputs, outputs = arrival[keep], inputs[keep], outputs[keep]
+        parts.append((arrival, inputs, outputs))
+    arrival = np.concatenate([p[0] for p in parts])
+    order = np.argsort(arrival, kind="stable")
+    return Trace(
+        trace.path,
+        # Not re-based: times stay on the original clock even when thinning drops the
+        # first request, so `start_s + arrival_s` is still the original wall clock.
+        arrival[order],
+        np.concatenate([p[1] for p in parts])[order],
+        np.concatenate([p[2] for p in parts])[order],
+        rate_scale=trace.rate_scale * factor,
+        start_s=trace.start_s,
+    )
