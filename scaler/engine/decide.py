@@ -129,23 +129,26 @@ def _forecast(
     Time to ready = pod start (pull + load + readiness, learned when observed), plus a node
     boot when the replicas to add do not fit on free GPUs. Example: a 70B TP8 replica with
     no free node: 300 s boot + 120 s pull + 90 s load + 20 s readiness = 530 s; demand
-    rising 0.01 replicas/s is then planned 5.3 replicas higher than now.
+    rising 0.01 replicas/s over a 300 s window is then planned 0.01 x min(530, 300) = 3
+    replicas higher than now (never further ahead than the history seen).
     """
     if demand_now is None:
         return None
     to_add = max(1, recommend.ceil_replicas(demand_now) - cluster.ready - len(cluster.starting))
     needs_node = cluster.free_replica_slots is not None and cluster.free_replica_slots < to_add
     time_to_ready = times.pod_start_s + (times.node_boot_s if needs_node else 0.0)
-    trend = forecast.fit_trend(samples, now=now)
-    level = demand_now if trend is None else trend.level
-    slope = 0.0 if trend is None or not spec.forecast.enabled else trend.slope_per_s
-    at_ready = level + slope * time_to_ready
-    at_node_ready = level + slope * (time_to_ready + (0.0 if needs_node else times.node_boot_s))
+    # A trend needs half a window of history: 60 s of a 120 s window.
+    trend = forecast.fit_trend(samples, now=now, min_span_s=spec.forecast.window_seconds / 2)
+    if trend is None or not spec.forecast.enabled:
+        trend = forecast.Trend(level=demand_now, slope_per_s=0.0)
+    node_boot = 0.0 if needs_node else times.node_boot_s
+    at_ready = trend.at(time_to_ready)
+    at_node_ready = trend.at(time_to_ready + node_boot)
     return types.Forecast(
         time_to_ready_s=time_to_ready,
         needs_node=needs_node,
-        demand_now=level,
-        slope_per_s=slope,
+        demand_now=trend.level,
+        slope_per_s=trend.slope_per_s,
         demand_at_ready=at_ready,
         replicas_at_ready=recommend.ceil_replicas(at_ready),
         replicas_at_node_ready=recommend.ceil_replicas(at_node_ready),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -14,9 +15,10 @@ from scaler.policy import model
 # double the look-ahead but a persistent change is learned within 5 to 6 starts.
 LEARN_WEIGHT = 0.3
 
-# The trend is fitted only once the window holds this much history (seconds): two
-# samples one second apart would give a slope from noise.
-MIN_TREND_SPAN_S = 10.0
+# Standard errors taken off the fitted slope before it is extrapolated (about a 98 %
+# one-sided bound for a straight line through many points).
+TREND_CONFIDENCE = 2.0
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,36 +60,55 @@ def learn_start_times(
 
 @dataclass(frozen=True, slots=True)
 class Trend:
+    """Demand now, its slope, and the span of history the slope was fitted over."""
+
     level: float
     slope_per_s: float
+    span_s: float = 0.0
+
+    def at(self, horizon_s: float) -> float:
+        """Demand `horizon_s` ahead, extrapolated no further than the history observed.
+
+        A slope seen over 30 s says little about the next 5 minutes: a burst's rising edge
+        would be projected into dozens of replicas. So the look-ahead is capped at the
+        span it was fitted over (120 s of history plans at most 120 s ahead).
+        """
+        return self.level + self.slope_per_s * min(horizon_s, self.span_s)
 
 
-def fit_trend(samples: Sequence[types.DemandSample], *, now: float) -> Trend | None:
+def fit_trend(samples: Sequence[types.DemandSample], *, now: float, min_span_s: float
+              ) -> Trend | None:
     """Least-squares line through the window's samples, evaluated at `now`.
 
-    A line fitted over the whole window (rather than the last two points) keeps one
-    noisy sample from swinging the forecast: with demand sampled every second around
-    10 replicas +- 2, the slope's error over a 120 s window is about
-    2 * sqrt(12 / 120) / 120 = 0.005 replicas/s, i.e. under one replica over a 150 s start.
-    The slope is floored at 0: the look-ahead only ever adds capacity early; falling
+    Only the part of the slope that stands out of the noise is kept: the fitted slope less
+    TREND_CONFIDENCE standard errors, floored at 0. A steady ramp has small residuals and
+    keeps most of its slope; demand that merely fluctuates has a slope within its error
+    and gets none, so noise is never multiplied by a minutes-long time to ready. Example:
+    demand sampled every second for 120 s around 10 replicas +- 2 has a slope error of
+    2 * sqrt(12 / 120) / 120 = 0.005 replicas/s; a real ramp of 0.05 replicas/s with the
+    same noise keeps 0.05 - 2 x 0.005 = 0.04 replicas/s.
+    The slope is never negative: the look-ahead only ever adds capacity early; falling
     demand is left to the scale-down stabilization window.
     """
     if not samples:
         return None
-    if samples[-1].at - samples[0].at < MIN_TREND_SPAN_S or len(samples) < 3:
-        return Trend(level=samples[-1].demand, slope_per_s=0.0)
+    span = samples[-1].at - samples[0].at
+    if span < min_span_s or len(samples) < 3:
+        # Too little history for a trend (a fresh start, or after a gap in the signals).
+        return Trend(level=samples[-1].demand, slope_per_s=0.0, span_s=span)
     n = len(samples)
     mean_t = sum(s.at for s in samples) / n
     mean_d = sum(s.demand for s in samples) / n
     var_t = sum((s.at - mean_t) ** 2 for s in samples)
     if var_t <= 0:
-        return Trend(level=mean_d, slope_per_s=0.0)
-    cov = sum((s.at - mean_t) * (s.demand - mean_d) for s in samples)
-    slope = cov / var_t
-    fitted_now = mean_d + slope * (now - mean_t)
-    # The fitted value lags a fresh jump; never let it hide demand we can see right now.
-    level = max(fitted_now, samples[-1].demand) if slope > 0 else samples[-1].demand
-    return Trend(level=level, slope_per_s=max(0.0, slope))
+        return Trend(level=samples[-1].demand, slope_per_s=0.0, span_s=span)
+    slope = sum((s.at - mean_t) * (s.demand - mean_d) for s in samples) / var_t
+    residual = sum((s.demand - mean_d - slope * (s.at - mean_t)) ** 2 for s in samples)
+    stderr = math.sqrt(residual / (n - 2) / var_t)
+    kept = max(0.0, slope - TREND_CONFIDENCE * stderr)
+    # Level: the demand seen now. The fitted line lags a fresh jump and leads a fresh
+    # drop; the latest sample is what capacity must cover right now.
+    return Trend(level=samples[-1].demand, slope_per_s=kept, span_s=span)
 
 
 def window(

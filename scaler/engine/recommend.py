@@ -139,23 +139,39 @@ def tokens_per_second(
     snapshot: types.SignalSnapshot,
     stale_after_s: float,
 ) -> SignalOpinion:
-    """ceil(tokens_per_s / (capacity_per_replica * target_utilization)).
+    """Work in replicas: (generated / capacity + prompt / prompt capacity) / utilisation.
 
-    Example: 5,000 tok/s at 2,400 per replica and 0.8 utilisation -> ceil(2.6) = 3.
+    A replica's time is split between decoding and prefilling, so each stream uses a share
+    of one replica and the shares add up. Example: 2,000 generated tok/s at 2,400 per
+    replica and 60,000 prompt tok/s at 25,000 per replica, at 0.8 utilisation:
+    (0.83 + 2.4) / 0.8 = 4.04 -> 5 replicas, where generated tokens alone say 2. Without
+    a prompt capacity, only generated tokens count.
     """
-    value = snapshot.tokens_per_second
-    if not _fresh(value, stale_after_s) or value is None:
-        detail = "tokens/s missing" if value is None else "tokens/s stale"
+    generated = snapshot.tokens_per_second
+    prompt = snapshot.prompt_tokens_per_second
+    parts = [("generated", generated, spec.capacity_per_replica)]
+    if spec.prompt_capacity_per_replica is not None:
+        parts.append(("prompt", prompt, spec.prompt_capacity_per_replica))
+    missing = [name for name, value, _ in parts if not _fresh(value, stale_after_s)]
+    if missing:
+        detail = " and ".join(missing) + " tokens/s " + (
+            "missing" if all(v is None for n, v, _ in parts if n in missing) else "stale")
         return SignalOpinion(
-            reason=_reason("tokens_per_second", value=value, fresh=False, demand=None,
+            reason=_reason("tokens_per_second", value=generated, fresh=False, demand=None,
                            detail=detail),
             demand=None,
         )
-    per_replica = spec.capacity_per_replica * spec.target_utilization
-    demand = value.value / per_replica
+    shares = [(name, v.value, cap) for name, v, cap in parts if v is not None]
+    busy = sum(value / cap for _, value, cap in shares)
+    demand = busy / spec.target_utilization
+    detail = " + ".join(f"{value:g} {name} tok/s / {cap:g}" for name, value, cap in shares)
+    combined = types.SignalValue(
+        value=sum(value for _, value, _ in shares),
+        age_s=max(v.age_s for _, v, _ in parts if v is not None),
+    )
     return SignalOpinion(
-        reason=_reason("tokens_per_second", value=value, fresh=True, demand=demand,
-                       detail=f"{value.value:g} tok/s / {per_replica:g} per replica"),
+        reason=_reason("tokens_per_second", value=combined, fresh=True, demand=demand,
+                       detail=f"({detail}) / {spec.target_utilization:g} utilisation"),
         demand=demand,
     )
 

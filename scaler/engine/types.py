@@ -32,6 +32,7 @@ class SignalSnapshot:
     queue_depth: requests waiting to start (summed over sources).
     in_flight: requests being processed (summed over sources).
     tokens_per_second: generated tokens per second (summed over sources).
+    prompt_tokens_per_second: prompt tokens prefilled per second (summed over sources).
     p95_latency_s: p95 of the policy's latency metric, from merged histograms.
     arrival_rate: requests per second arriving (e.g. JetStream sequence rate); optional.
     """
@@ -39,6 +40,7 @@ class SignalSnapshot:
     queue_depth: SignalValue | None = None
     in_flight: SignalValue | None = None
     tokens_per_second: SignalValue | None = None
+    prompt_tokens_per_second: SignalValue | None = None
     p95_latency_s: SignalValue | None = None
     arrival_rate: SignalValue | None = None
 

@@ -186,7 +186,17 @@ class QueueDepthSignal(_Model):
 
 
 class TokensPerSecondSignal(_Model):
-    capacity_per_replica: float = Field(gt=0, description="tokens/s one replica sustains")
+    """Work in tokens: generated tokens (decode) and, optionally, prompt tokens (prefill).
+
+    A replica's time is shared between the two, so each is a fraction of one replica:
+    generated / capacityPerReplica + prompt / promptCapacityPerReplica.
+    """
+
+    capacity_per_replica: float = Field(gt=0, description="generated tokens/s one replica "
+                                        "sustains when it only decodes")
+    prompt_capacity_per_replica: float | None = Field(
+        default=None, gt=0, description="prompt tokens/s one replica prefills when it only "
+        "prefills; set it for long-prompt workloads, whose load generated tokens miss")
     target_utilization: float = Field(default=0.8, gt=0, le=1)
 
 
@@ -229,7 +239,8 @@ class PrometheusSource(_Model):
     model_label: str = "model_name"
     interval_seconds: float = Field(default=5.0, gt=0)
     queries: dict[
-        Literal["queue_depth", "in_flight", "tokens_per_second", "p95_latency", "kv_cache_usage"],
+        Literal["queue_depth", "in_flight", "tokens_per_second",
+                "prompt_tokens_per_second", "p95_latency", "kv_cache_usage"],
         str,
     ] = Field(default_factory=dict, description="custom PromQL per signal, overriding the preset")
 

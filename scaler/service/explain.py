@@ -9,8 +9,8 @@ from typing import Any
 from scaler.actuators import timefmt
 from scaler.service import state as service_state
 
-SNAPSHOT_FIELDS = ("queue_depth", "in_flight", "tokens_per_second", "p95_latency_s",
-                   "arrival_rate")
+SNAPSHOT_FIELDS = ("queue_depth", "in_flight", "tokens_per_second", "prompt_tokens_per_second",
+                   "p95_latency_s", "arrival_rate")
 
 
 def _json_safe(value: Any) -> Any:

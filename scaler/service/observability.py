@@ -20,6 +20,7 @@ SIGNAL_LABELS = {
     "queue_depth": "queue_depth",
     "in_flight": "in_flight",
     "tokens_per_second": "tokens_per_second",
+    "prompt_tokens_per_second": "prompt_tokens_per_second",
     "p95_latency_s": "p95_latency_seconds",
     "arrival_rate": "arrival_rate",
 }

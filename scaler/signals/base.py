@@ -14,6 +14,7 @@ from typing import Final, Generic, Protocol, TypeVar, runtime_checkable
 QUEUE_DEPTH: Final = "queue_depth"
 IN_FLIGHT: Final = "in_flight"
 TOKENS_PER_SECOND: Final = "tokens_per_second"
+PROMPT_TOKENS_PER_SECOND: Final = "prompt_tokens_per_second"
 ARRIVAL_RATE: Final = "arrival_rate"
 KV_CACHE_USAGE: Final = "kv_cache_usage"
 GPU_ENGINE_ACTIVE: Final = "gpu_engine_active"
@@ -21,7 +22,9 @@ GPU_SM_ACTIVE: Final = "gpu_sm_active"
 GPU_FB_USED_MIB: Final = "gpu_fb_used_mib"
 LATENCY_METRICS: Final = ("ttft", "e2e", "itl")
 
-SUMMED_SIGNALS: Final = frozenset({QUEUE_DEPTH, IN_FLIGHT, TOKENS_PER_SECOND, ARRIVAL_RATE})
+SUMMED_SIGNALS: Final = frozenset(
+    {QUEUE_DEPTH, IN_FLIGHT, TOKENS_PER_SECOND, PROMPT_TOKENS_PER_SECOND, ARRIVAL_RATE}
+)
 GAUGE_SIGNALS: Final = frozenset(
     {KV_CACHE_USAGE, GPU_ENGINE_ACTIVE, GPU_SM_ACTIVE, GPU_FB_USED_MIB}
 )

@@ -69,6 +69,7 @@ class SignalMessage(_Strict):
     queue_depth: _Count | None = None
     in_flight: _Count | None = None
     tokens_per_second: _Count | None = None
+    prompt_tokens_per_second: _Count | None = None
     latency: LatencyBody | None = None
     ready: bool | None = None
 
@@ -201,6 +202,7 @@ def to_samples(
         (base.QUEUE_DEPTH, message.queue_depth),
         (base.IN_FLIGHT, message.in_flight),
         (base.TOKENS_PER_SECOND, message.tokens_per_second),
+        (base.PROMPT_TOKENS_PER_SECOND, message.prompt_tokens_per_second),
     ):
         if value is not None:
             samples.append(base.Sample(key, signal, source, ts, value))
@@ -233,6 +235,7 @@ def encode(
     queue_depth: float | None = None,
     in_flight: float | None = None,
     tokens_per_second: float | None = None,
+    prompt_tokens_per_second: float | None = None,
 ) -> bytes:
     """A contract message as bytes, for publishers (the demo, the benchmark, tests)."""
     body: dict[str, object] = {"v": 1, "model": model, "ts": ts}
@@ -242,6 +245,7 @@ def encode(
         ("queue_depth", queue_depth),
         ("in_flight", in_flight),
         ("tokens_per_second", tokens_per_second),
+        ("prompt_tokens_per_second", prompt_tokens_per_second),
     ):
         if value is not None:
             body[name] = value

@@ -74,6 +74,8 @@ def preset_queries(
             base.QUEUE_DEPTH: f"sum(vllm:num_requests_waiting{sel})",
             base.IN_FLIGHT: f"sum(vllm:num_requests_running{sel})",
             base.TOKENS_PER_SECOND: f"sum(rate(vllm:generation_tokens_total{sel}[{rate_window}]))",
+            base.PROMPT_TOKENS_PER_SECOND:
+                f"sum(rate(vllm:prompt_tokens_total{sel}[{rate_window}]))",
             base.KV_CACHE_USAGE: f"avg(vllm:kv_cache_usage_perc{sel})",
         }
         buckets = {
@@ -85,6 +87,8 @@ def preset_queries(
             base.QUEUE_DEPTH: f"sum(sglang:num_queue_reqs{sel})",
             base.IN_FLIGHT: f"sum(sglang:num_running_reqs{sel})",
             base.TOKENS_PER_SECOND: f"sum(sglang:gen_throughput{sel})",
+            base.PROMPT_TOKENS_PER_SECOND:
+                f"sum(rate(sglang:prompt_tokens_total{sel}[{rate_window}]))",
         }
         buckets = {"ttft": "sglang:time_to_first_token_seconds_bucket"}
     elif preset == "tgi":

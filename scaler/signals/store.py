@@ -249,6 +249,7 @@ class SignalStore:
             queue_depth=get(base.QUEUE_DEPTH),
             in_flight=get(base.IN_FLIGHT),
             tokens_per_second=get(base.TOKENS_PER_SECOND),
+            prompt_tokens_per_second=get(base.PROMPT_TOKENS_PER_SECOND),
             p95_latency_s=get(base.latency_signal(latency_metric)),
             arrival_rate=get(base.ARRIVAL_RATE),
         )

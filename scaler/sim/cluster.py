@@ -164,6 +164,8 @@ class SimCluster:
         self.done_ids_by_step: list[IntArray] = []
         # Generated tokens per replica slot, cumulative (a Prometheus-style counter).
         self.tokens_by_slot: FloatArray = np.zeros(16)
+        # Prompt tokens prefilled per slot (vLLM's prompt_tokens_total, per pod).
+        self.prompt_tokens_by_slot: FloatArray = np.zeros(16)
         self._step_first: IntArray = np.zeros(0, dtype=np.int64)
         self._step_done: IntArray = np.zeros(0, dtype=np.int64)
         self.step = 0
@@ -204,9 +206,9 @@ class SimCluster:
         self.load.append(0)
         self.prefill_backlog.append(0.0)
         if pod.slot >= self.tokens_by_slot.size:
-            grown = np.zeros(max(16, 2 * self.tokens_by_slot.size))
-            grown[: self.tokens_by_slot.size] = self.tokens_by_slot
-            self.tokens_by_slot = grown
+            size = max(16, 2 * self.tokens_by_slot.size)
+            self.tokens_by_slot = _grown(self.tokens_by_slot, size)
+            self.prompt_tokens_by_slot = _grown(self.prompt_tokens_by_slot, size)
         return pod
 
     def live_nodes(self) -> list[Node]:
@@ -513,6 +515,8 @@ class SimCluster:
                     self.done[fids[fin]] = now + time_of(start[fin] + left[fin], frep[fin])
                     done_mask[pidx[finished][fin]] = True
         left = pending - prefilled
+        done_prompt = np.minimum(pending, prefilled)
+        self.prompt_tokens_by_slot[: done_prompt.size] += done_prompt
         for slot in np.flatnonzero(pending).tolist():
             self.prefill_backlog[slot] = max(0.0, float(left[slot]))
         # GPU busy fraction per replica: 1 while anything decodes, else the prefill time.
@@ -525,7 +529,7 @@ class SimCluster:
             # generated tokens at the per-token cost of a full batch, a/max_batch + b.
             # A replica decoding one request is ~100 % "utilised" to DCGM but ~2 %
             # useful here: (8/256 + 0.1) / (8 + 0.1) ms for the 8B profile.
-            prompt_done = float(np.minimum(pending, prefilled).sum())
+            prompt_done = float(done_prompt.sum())
             per_token = a / profile.max_batch + b
             useful = prompt_done / profile.prefill_tokens_per_second + generated * per_token
             self.useful_gpu_s += min(useful, float(busy.sum()) * dt) * self.gpus_per_replica
@@ -610,3 +614,10 @@ class SimCluster:
             end = pod.gone_at if pod.gone_at is not None else until
             total += max(0.0, min(end, until) - max(pod.created_at, 0.0)) * pod.gpus
         return total
+
+
+def _grown(values: FloatArray, size: int) -> FloatArray:
+    """A copy of `values` zero-padded to `size` (per-slot counters grow with the pods)."""
+    out = np.zeros(size)
+    out[: values.size] = values
+    return out

@@ -27,11 +27,12 @@ class SignalFeed:
     """Every `interval_s`, each serving replica publishes what a vLLM pod reports.
 
     Per pod (source `pod-<slot>`): queue_depth (its waiting requests), in_flight (its
-    running batch), tokens_per_second (its generated tokens over the last
-    `rate_window_s`), and a latency histogram (vLLM buckets) of its requests over the
-    last `latency_window_s`. The gateway (source `gateway`) publishes the requests held
-    while no replica is ready and the arrival rate. Samples reach the real SignalStore
-    `delay_s` after they were measured (publish + NATS + ingestion), and the engine reads
+    running batch), tokens_per_second and prompt_tokens_per_second (its generated and
+    prefilled tokens over the last `rate_window_s`), and a latency histogram (vLLM
+    buckets) of its requests over the last `latency_window_s`. The gateway (source
+    `gateway`) publishes the requests held while no replica is ready and the arrival
+    rate. Samples reach the real SignalStore `delay_s` after they were measured (publish
+    + NATS + ingestion), and the engine reads
     `SignalStore.snapshot`, so merging, freshness and staleness are the service's own.
     """
 
@@ -60,23 +61,32 @@ class SignalFeed:
         ts = self.start_epoch_s + now
         key = self.model_key
         samples: list[signal_base.Sample] = []
-        tokens = cluster.tokens_by_slot.copy()
+        # Generated and prompt token counters side by side (row 0, row 1), as a pod's
+        # generation_tokens_total and prompt_tokens_total; rates over `rate_window_s`.
+        tokens = np.vstack((cluster.tokens_by_slot, cluster.prompt_tokens_by_slot))
         self.counters.append((now, tokens))
         while len(self.counters) > 1 and self.counters[1][0] <= now - self.rate_window_s:
             self.counters.popleft()
         then, before = self.counters[0]
+        if before.shape != tokens.shape:  # the counters grew with new pods
+            padded = np.zeros_like(tokens)
+            padded[:, : before.shape[1]] = before
+            before = padded
         span = now - then
         slots = sorted(cluster.serving_slots)
         histograms = self._histograms(cluster, slots=slots, now=now)
         for slot, histogram in zip(slots, histograms, strict=True):
             source = f"pod-{slot}"
-            rate = (tokens[slot] - before[slot]) / span if span > 0 else 0.0
+            rate, prompt_rate = ((tokens[:, slot] - before[:, slot]) / span).tolist() if (
+                span > 0) else (0.0, 0.0)
             samples.extend((
                 signal_base.Sample(key, signal_base.QUEUE_DEPTH, source, ts,
                                    float(len(cluster.queues[slot]))),
                 signal_base.Sample(key, signal_base.IN_FLIGHT, source, ts,
                                    float(cluster.running[slot])),
                 signal_base.Sample(key, signal_base.TOKENS_PER_SECOND, source, ts, rate),
+                signal_base.Sample(key, signal_base.PROMPT_TOKENS_PER_SECOND, source, ts,
+                                   prompt_rate),
             ))
             if histogram is not None:
                 samples.append(signal_base.Sample(

@@ -293,3 +293,52 @@ def test_decision_carries_every_reason() -> None:
     assert [(c.name, c.before, c.after) for c in d.clamps] == [("max", 8, 5)]
     assert d.desired == 5
     assert "scale up 1->5 (tokens_per_second)" in d.summary
+
+
+def test_prompt_tokens_count_as_replica_time() -> None:
+    p = policy(signals={"tokensPerSecond": {"capacityPerReplica": 2400,
+                                            "promptCapacityPerReplica": 25000,
+                                            "targetUtilization": 0.8}})
+    sim = Sim(p, current=1)
+    snapshot = types.SignalSnapshot(
+        tokens_per_second=types.SignalValue(2000),
+        prompt_tokens_per_second=types.SignalValue(60000))
+    # (2000 / 2400 + 60000 / 25000) / 0.8 = 4.04 -> 5; generated tokens alone say 2.
+    assert sim.step(0, snapshot) == 5
+    assert sim.last is not None and sim.last.signals[0].recommendation == 5
+
+
+def test_configured_prompt_tokens_missing_holds() -> None:
+    p = policy(signals={"tokensPerSecond": {"capacityPerReplica": 2400,
+                                            "promptCapacityPerReplica": 25000}})
+    sim = Sim(p, current=6)
+    generated_only = types.SignalSnapshot(tokens_per_second=types.SignalValue(100))
+    for t in (0, 400, 800):
+        assert sim.step(t, generated_only) == 6
+    assert sim.last is not None and sim.last.held
+    assert "prompt tokens/s missing" in sim.last.signals[0].detail
+
+
+def test_noisy_demand_gets_no_look_ahead_but_a_ramp_does() -> None:
+    """Fluctuating demand has a slope within its error: no look-ahead is added."""
+    p = policy(forecast={"enabled": True, "windowSeconds": 120}, replicas={"min": 1, "max": 40})
+    noisy = Sim(p, current=10)
+    for t in range(0, 300, 2):
+        wobble = 20 if (t // 2) % 3 == 0 else -10     # +-2 replicas, no trend
+        noisy.step(t, snap(running=100 + wobble))
+        assert noisy.last is not None and noisy.last.forecast is not None
+        if t >= 60:
+            assert noisy.last.forecast.slope_per_s == 0.0, t
+
+
+def test_look_ahead_is_not_extrapolated_past_its_history() -> None:
+    """A rising edge seen for 70 s is projected at most 70 s ahead, even with a 360 s start."""
+    p = policy(forecast={"enabled": True, "windowSeconds": 120}, replicas={"min": 1, "max": 200},
+               coldStart={"nodeBootSeconds": 300, "imagePullSeconds": 30,
+                          "modelLoadSeconds": 20, "readinessSeconds": 10, "learn": False})
+    sim = Sim(p, current=1)
+    for t in range(0, 71, 5):
+        sim.step(t, snap(running=10 * 0.1 * t), free_replica_slots=0)   # +0.1 replicas/s
+    fc = sim.last.forecast if sim.last else None
+    assert fc is not None and fc.time_to_ready_s == 360
+    assert fc.demand_at_ready == pytest.approx(7 + 0.1 * 70)

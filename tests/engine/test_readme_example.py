@@ -16,39 +16,41 @@ SATURDAY_NOON_UTC = MONDAY_0600_UTC + 5 * 86400 + 6 * 3600   # no business-hours
 def test_worked_example() -> None:
     (policy,) = loader.load_paths([REPO / "config" / "llama-8b.yaml"]).policies
     now = SATURDAY_NOON_UTC
-    # Demand rising 0.02 replicas/s over the last two minutes, reaching 3.75 now.
-    history = tuple(types.DemandSample(at=now - s, demand=3.75 - 0.02 * s)
+    # Demand rising 0.02 replicas/s over the last two minutes, reaching 4.0 now.
+    history = tuple(types.DemandSample(at=now - s, demand=4.0 - 0.02 * s)
                     for s in range(120, 0, -5))
     state = types.EngineState(demand=history, last_desired=3,
                               recommendations=(types.Recommendation(at=now - 5, replicas=3),))
     snapshot = types.SignalSnapshot(
-        in_flight=types.SignalValue(150), queue_depth=types.SignalValue(30),
-        tokens_per_second=types.SignalValue(6000), p95_latency_s=types.SignalValue(1.4))
+        in_flight=types.SignalValue(152), queue_depth=types.SignalValue(40),
+        tokens_per_second=types.SignalValue(3000),
+        prompt_tokens_per_second=types.SignalValue(60000), p95_latency_s=types.SignalValue(1.4))
     cluster = types.ClusterState(current=3, ready=3, free_replica_slots=8)
     decision, state = engine_decide.decide(policy, snapshot=snapshot, cluster=cluster,
                                            state=state, now=now)
     recs = {s.name: s.recommendation for s in decision.signals}
-    assert recs == {"concurrency": 4, "queue_depth": 8, "tokens_per_second": 4,
+    assert recs == {"concurrency": 4, "queue_depth": 5, "tokens_per_second": 4,
                     "p95_latency": None}
     assert decision.forecast is not None
     assert decision.forecast.time_to_ready_s == 90
-    assert round(decision.forecast.demand_at_ready, 2) == 5.55
+    assert round(decision.forecast.demand_at_ready, 2) == 5.8
     assert decision.forecast.replicas_at_ready == 6
-    assert (decision.recommendation, decision.winner) == (8, "queue_depth")
-    assert (decision.current, decision.desired) == (3, 8)
+    assert (decision.recommendation, decision.winner) == (6, "forecast")
+    assert (decision.current, decision.desired) == (3, 6)
 
-    # The queue drains and concurrency falls to 2 replicas' worth: 120 s down window,
+    # The queue drains and concurrency falls to 2 replicas' worth: 300 s down window,
     # then at most 25 % a minute.
     quiet = types.SignalSnapshot(
         in_flight=types.SignalValue(90), queue_depth=types.SignalValue(0),
-        tokens_per_second=types.SignalValue(2000), p95_latency_s=types.SignalValue(0.5))
-    current, seen = 8, [8]
-    for t in range(10, 600, 10):
+        tokens_per_second=types.SignalValue(2000),
+        prompt_tokens_per_second=types.SignalValue(20000), p95_latency_s=types.SignalValue(0.5))
+    current, seen = 6, [6]
+    for t in range(10, 900, 10):
         decision, state = engine_decide.decide(
             policy, snapshot=quiet, cluster=types.ClusterState(current=current, ready=current),
             state=state, now=now + t)
         if decision.desired != current:
             seen.append(decision.desired)
-            assert t >= 120
+            assert t >= 300
         current = decision.desired
-    assert seen == [8, 6, 4, 3, 2]
+    assert seen == [6, 4, 3, 2]

@@ -28,6 +28,16 @@ def body(**fields: object) -> bytes:
     return json.dumps(message).encode()
 
 
+def test_prompt_tokens_per_second_is_an_optional_extension() -> None:
+    result = messages.parse(body(prompt_tokens_per_second=51200.0, source="pod-a"), now=NOW)
+    assert isinstance(result, tuple)
+    (sample,) = result
+    assert (sample.signal, sample.value) == ("prompt_tokens_per_second", 51200.0)
+    assert messages.parse(body(prompt_tokens_per_second=-1), now=NOW).reason == "schema"
+    encoded = messages.encode(model="m", ts=NOW, prompt_tokens_per_second=3.5)
+    assert json.loads(encoded)["prompt_tokens_per_second"] == 3.5
+
+
 def test_design_example_becomes_four_samples() -> None:
     result = messages.parse(json.dumps(DESIGN_EXAMPLE).encode(), now=NOW)
     assert isinstance(result, tuple)

@@ -53,6 +53,8 @@ class Exporter:
             f"vllm:kv_cache_usage_perc{{{b}}} 0.7",
             f"vllm:generation_tokens_total{{{a}}} {100 * t}",
             f"vllm:generation_tokens_total{{{b}}} {50 * t}",
+            f"vllm:prompt_tokens_total{{{a}}} {2000 * t}",
+            f"vllm:prompt_tokens_total{{{b}}} {1000 * t}",
             *_buckets("vllm:time_to_first_token_seconds_bucket", a, TTFT_LE, TTFT_A, t),
             *_buckets("vllm:time_to_first_token_seconds_bucket", b, TTFT_LE, TTFT_B, t),
             *_buckets("vllm:e2e_request_latency_seconds_bucket", a, E2E_LE, E2E_A, t),
@@ -63,6 +65,7 @@ class Exporter:
             f"sglang:num_queue_reqs{{{a}}} 7",
             f"sglang:num_running_reqs{{{a}}} 9",
             f"sglang:gen_throughput{{{a}}} 321.5",
+            f"sglang:prompt_tokens_total{{{a}}} {400 * t}",
             *_buckets("sglang:time_to_first_token_seconds_bucket", a, TTFT_LE, TTFT_A, t),
             f"tgi_queue_size{{{a}}} 2",
             f"tgi_batch_current_size{{{a}}} 4",
@@ -167,6 +170,8 @@ def test_vllm_preset_queries() -> None:
         "queue_depth": 'sum(vllm:num_requests_waiting{model_name="llama"})',
         "in_flight": 'sum(vllm:num_requests_running{model_name="llama"})',
         "tokens_per_second": 'sum(rate(vllm:generation_tokens_total{model_name="llama"}[1m]))',
+        "prompt_tokens_per_second":
+            'sum(rate(vllm:prompt_tokens_total{model_name="llama"}[1m]))',
         "kv_cache_usage": 'avg(vllm:kv_cache_usage_perc{model_name="llama"})',
         "latency.ttft": "histogram_quantile(0.95, sum by (le) "
         '(rate(vllm:time_to_first_token_seconds_bucket{model_name="llama"}[1m])))',
@@ -176,10 +181,12 @@ def test_vllm_preset_queries() -> None:
 @pytest.mark.parametrize(
     ("preset", "metric", "signals"),
     [
-        ("vllm", "e2e", {"queue_depth", "in_flight", "tokens_per_second", "kv_cache_usage",
-                         "latency.e2e"}),
-        ("vllm", "itl", {"queue_depth", "in_flight", "tokens_per_second", "kv_cache_usage"}),
-        ("sglang", "ttft", {"queue_depth", "in_flight", "tokens_per_second", "latency.ttft"}),
+        ("vllm", "e2e", {"queue_depth", "in_flight", "tokens_per_second",
+                         "prompt_tokens_per_second", "kv_cache_usage", "latency.e2e"}),
+        ("vllm", "itl", {"queue_depth", "in_flight", "tokens_per_second",
+                         "prompt_tokens_per_second", "kv_cache_usage"}),
+        ("sglang", "ttft", {"queue_depth", "in_flight", "tokens_per_second",
+                            "prompt_tokens_per_second", "latency.ttft"}),
         ("tgi", "e2e", {"queue_depth", "in_flight", "latency.e2e"}),
         ("tgi", "ttft", {"queue_depth", "in_flight"}),
     ],
@@ -240,6 +247,8 @@ async def test_vllm_preset_against_prometheus(
     assert signals["kv_cache_usage"] == pytest.approx(0.6)
     tokens = signals["tokens_per_second"]
     assert tokens is not None and tokens == pytest.approx(150.0, rel=0.05)  # 100 + 50 tok/s
+    prompt = signals["prompt_tokens_per_second"]
+    assert prompt is not None and prompt == pytest.approx(3000.0, rel=0.05)  # 2,000 + 1,000
     # Prometheus merges the two pods' buckets and interpolates as the store does.
     merged = base.Histogram(
         le=TTFT_LE, counts=tuple(a + b for a, b in zip(TTFT_A[:-1], TTFT_B[:-1], strict=True))

@@ -196,6 +196,8 @@ def test_snapshot_maps_signals_for_the_engine() -> None:
             sample("queue_depth", 3, ts=T0 - 2),
             sample("in_flight", 5, ts=T0 - 1),
             sample("tokens_per_second", 1200.0),
+            sample("prompt_tokens_per_second", 9000.0),
+            sample("prompt_tokens_per_second", 1000.0, source="nats/pod-b"),
             sample("latency.e2e", None, histogram=histogram),
             sample("latency.ttft", 9.0),
             sample("arrival_rate", 7.5, source="jetstream/S/c"),
@@ -206,6 +208,7 @@ def test_snapshot_maps_signals_for_the_engine() -> None:
         queue_depth=types.SignalValue(3.0, 2.0, 1),
         in_flight=types.SignalValue(5.0, 1.0, 1),
         tokens_per_second=types.SignalValue(1200.0, 0.0, 1),
+        prompt_tokens_per_second=types.SignalValue(10000.0, 0.0, 2),
         p95_latency_s=types.SignalValue(2.125, 0.0, 1),
         arrival_rate=types.SignalValue(7.5, 0.0, 1),
     )

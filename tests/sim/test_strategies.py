@@ -211,6 +211,9 @@ def test_scaler_strategy_feeds_the_engine_through_the_signal_store(
     # Tokens/s: the pods' counters over 10 s, summed: 20 req/s x 200 tokens = 4,000.
     assert snap.tokens_per_second is not None
     assert snap.tokens_per_second.value == pytest.approx(4000, rel=0.15)
+    # Prompt tokens/s: 20 req/s x 1,000 prompt tokens = 20,000, prefilled as they come.
+    assert snap.prompt_tokens_per_second is not None
+    assert snap.prompt_tokens_per_second.value == pytest.approx(20000, rel=0.15)
     # p95 TTFT from merged vLLM-bucket histograms, within the bucket of the true value.
     assert snap.p95_latency_s is not None
     first = sim.first_token - sim.arrival

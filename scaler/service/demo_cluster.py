@@ -1,0 +1,345 @@
+"""The demo's simulated GPU cluster behind the service's ClusterBackend, and its pods' reports."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from scaler.actuators import base as actuators
+from scaler.engine import types as engine_types
+from scaler.policy import model as policy_model
+from scaler.service import runner
+from scaler.signals import base as signal_base
+from scaler.signals import messages, nats_core
+from scaler.sim import cluster as sim_cluster
+from scaler.sim import feed as sim_feed
+from scaler.sim import profiles, run, strategies, traces
+
+# Replicas report once per virtual second, as the simulator's own scaler strategy assumes
+# (vLLM pods exporting through NATS at about that cadence).
+REPORT_INTERVAL_S = 1.0
+# The cluster's `ClusterState` carries the newest observed pod starts, like the service's
+# Kubernetes reader: 20 is what the engine's learning needs and what the simulator passes.
+OBSERVATIONS_KEPT = 20
+
+
+# Per-replica values that are fields of the message contract (queue_depth, in_flight,
+# tokens_per_second, ...): whatever the feed measures and the contract carries is sent.
+# The gateway's arrival rate is not a contract field, so it stays in the simulator.
+_MESSAGE_FIELDS = frozenset(messages.SignalMessage.model_fields) & (
+    signal_base.SUMMED_SIGNALS | signal_base.GAUGE_SIGNALS)
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleChange:
+    """A change of spec.replicas the service made, at simulated time `at_s` (trace seconds)."""
+
+    at_s: float
+    previous: int
+    desired: int
+    winner: str | None
+    summary: str
+    ready: int = 0  # ready and starting replicas just after the change
+    starting: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One message a simulated replica (or the gateway) publishes: subject and JSON body."""
+
+    subject: str
+    body: bytes
+
+
+def slice_trace(trace: traces.Trace, *, duration_s: float) -> traces.Trace:
+    """The requests arriving in the first `duration_s` seconds (the rest are not replayed)."""
+    keep = trace.arrival_s < duration_s
+    return traces.Trace(trace.path, trace.arrival_s[keep], trace.input_tokens[keep],
+                        trace.output_tokens[keep], rate_scale=trace.rate_scale,
+                        start_s=trace.start_s)
+
+
+def subject_of(policy: policy_model.ScalePolicy, *, prefix: str) -> str | None:
+    """The NATS subject the service listens to for this model, or None without a NATS source."""
+    source = policy.spec.sources.nats
+    if source is None:
+        return None
+    return source.subject or nats_core.default_subject(prefix, policy.metadata.namespace,
+                                                       policy.metadata.name)
+
+
+class SimulatedModel:
+    """One model's replicas on the simulator's cluster model, stepped to a virtual clock.
+
+    Time is the trace's: 0 is the first request, `epoch(t)` the matching epoch seconds
+    (Azure's clock, so warm-floor schedules see the trace's hour). The trace's first
+    `warmup_s` are replayed before t=0 on the initial replicas, as `scaler simulate`
+    does, so the service meets a cluster in steady state rather than an empty one.
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: policy_model.ScalePolicy,
+        profile: profiles.ReplicaProfile,
+        trace: traces.Trace,
+        initial_replicas: int,
+        subject: str,
+        dt: float = 0.1,
+        warmup_s: float = run.WARMUP_S,
+    ) -> None:
+        self.policy = policy
+        self.profile = profile
+        self.trace = trace
+        self.subject = subject
+        self.initial_replicas = initial_replicas
+        self.pool = run.pool_for(policy, profile)
+        # The warm-up replays the slice's own first seconds: a 60 s slice warmed up for
+        # 120 s would end the warm-up with 60 s of silence (an empty cluster at t=0).
+        self.warmup_s = min(warmup_s, trace.duration_s)
+        self.cluster = sim_cluster.SimCluster(
+            trace=trace, profile=profile, pool=self.pool, initial_replicas=initial_replicas,
+            dt=dt, gpus_per_replica=policy.spec.resources.gpus_per_replica,
+            warmup_s=self.warmup_s)
+        # The simulator's scaler strategy is used only for what it observes: its feed (what
+        # each vLLM pod reports) and its ClusterState (pods, starts, free GPUs). It never
+        # decides here: the real service does, over NATS.
+        self.view = strategies.ScalerStrategy(policy, start_epoch_s=trace.start_s,
+                                              period_s=REPORT_INTERVAL_S)
+        self.changes: list[ScaleChange] = []
+        self.reports = 0
+        # Pods report during the last 10 s of the warm-up too (unpublished), so the first
+        # published tokens/s covers a full rate window, as a pod that has been serving for
+        # a while reports: from t=0 alone the first rates would span 1 s, 2 s, ... and
+        # their noise would look like a trend to the forecast.
+        self._next_report = -self.view.feed.rate_window_s
+        self.advance_to(-self.cluster.dt)  # the warm-up, before the service starts
+
+    @property
+    def key(self) -> str:
+        return self.policy.key
+
+    @property
+    def now(self) -> float:
+        """Trace time of the next step to run: what the cluster has simulated up to."""
+        return self.cluster.time_of_step(self.cluster.step)
+
+    @property
+    def finished(self) -> bool:
+        """The cluster's preallocated horizon (trace + drain tail) is used up."""
+        return self.cluster.step >= self.cluster.steps
+
+    def epoch(self, t: float) -> float:
+        return self.trace.start_s + t
+
+    def advance_to(self, t: float, *, max_steps: int | None = None) -> list[Report]:
+        """Run steps up to trace time `t` (at most `max_steps`); the reports due meanwhile.
+
+        A step at time s routes the arrivals up to s and serves [s, s + dt); it runs once
+        the clock has reached s. Reports are published from t=0 (none during the warm-up).
+        """
+        cluster = self.cluster
+        out: list[Report] = []
+        steps = 0
+        while self.now <= t + 1e-9 and not self.finished:
+            if max_steps is not None and steps >= max_steps:
+                break
+            now = self.now
+            cluster.advance(now)
+            if now >= self._next_report - 1e-9:
+                reports = self.report(now)
+                if now >= -1e-9:
+                    out.extend(reports)
+                    self.reports += len(reports)
+                self._next_report = now + REPORT_INTERVAL_S
+            cluster.run_step(now)
+            steps += 1
+        return out
+
+    def report(self, now: float) -> list[Report]:
+        """What every serving replica publishes now, plus the gateway when it matters.
+
+        The samples come from the simulator's feed (queue, running batch, generated
+        tokens/s over 10 s, a vLLM-bucket TTFT histogram over 30 s); here they become the
+        DESIGN 4.2 messages a real model server would send, one per replica. The gateway
+        speaks only while no replica is ready or requests are held at it: its queue is
+        then the only sign of demand, which is how a model is activated from zero.
+        """
+        feed = self.view.feed
+        feed.publish(self.cluster, now=now)
+        _, samples = feed.pending.pop()
+        feed.pending.clear()
+        by_source: dict[str, list[signal_base.Sample]] = {}
+        for sample in samples:
+            by_source.setdefault(sample.source, []).append(sample)
+        gateway = by_source.pop(sim_feed.GATEWAY_SOURCE, [])
+        out = [self._message(source, group) for source, group in sorted(by_source.items())]
+        held = next((s.value for s in gateway if s.signal == signal_base.QUEUE_DEPTH), None)
+        if gateway and (not self.cluster.ready_slots or (held or 0.0) > 0):
+            out.append(self._message(sim_feed.GATEWAY_SOURCE, gateway))
+        return out
+
+    def _message(self, source: str, samples: Sequence[signal_base.Sample]) -> Report:
+        """One DESIGN 4.2 body for one source's samples."""
+        policy = self.policy
+        body: dict[str, object] = {"v": 1, "model": policy.metadata.name,
+                                   "namespace": policy.metadata.namespace}
+        ready: bool | None = None
+        if source.startswith("pod-"):
+            slot = int(source.removeprefix("pod-"))
+            # Pod names as a Deployment's would read: llama-8b-<slot>.
+            body["source"] = f"{policy.spec.target.name}-{slot}"
+            ready = self.cluster.pods[slot].phase == "ready"
+        else:
+            body["source"] = source
+        for sample in samples:
+            body["ts"] = round(sample.ts, 3)
+            if sample.signal in _MESSAGE_FIELDS and sample.value is not None:
+                body[sample.signal] = round(sample.value, 3)
+            elif sample.histogram is not None:
+                histogram = sample.histogram
+                metric = sample.signal.removeprefix("latency.")
+                p95 = histogram.quantile(0.95)
+                body["latency"] = {
+                    "metric": metric,
+                    **({"p95_seconds": round(p95, 4)} if p95 is not None else {}),
+                    "histogram": {"le": list(histogram.le),
+                                  "counts": [int(c) for c in histogram.counts]},
+                }
+        if ready is not None:
+            body["ready"] = ready
+        return Report(self.subject, json.dumps(body, separators=(",", ":")).encode())
+
+    def drain(self) -> None:
+        """After the replay: run on, without arrivals past the slice, until every request
+        has finished (or the drain tail ends), so latencies and completions are final."""
+        cluster = self.cluster
+        total = cluster.arrival.size
+        while not self.finished:
+            now = self.now
+            cluster.advance(now)
+            cluster.run_step(now)
+            if now > self.trace.duration_s and cluster.completed == total:
+                break
+
+    # -- what the service's reader and actuators see and do ----------------------------
+
+    def cluster_state(self) -> engine_types.ClusterState:
+        return self.view.cluster_state(self.cluster, now=self.now)
+
+    def scale(self, decision: engine_types.Decision) -> actuators.ApplyOutcome:
+        """Set spec.replicas as the scale subresource would, with its precondition."""
+        cluster = self.cluster
+        target = f"{self.policy.metadata.namespace}/{self.policy.spec.target.name}"
+        previous = cluster.spec_replicas
+        if decision.current != previous:
+            # The real actuator patches with the resourceVersion it read; a change since
+            # the read is a 409, and the reactor re-reads and re-decides.
+            return actuators.ApplyOutcome(actuators.Outcome.CONFLICT, target, previous,
+                                          decision.desired, "spec.replicas changed since read")
+        if decision.desired == previous:
+            return actuators.ApplyOutcome(actuators.Outcome.UNCHANGED, target, previous,
+                                          decision.desired, "already at desired replicas")
+        cluster.scale_to(decision.desired, now=self.now)
+        ready, starting = self.ready_starting()
+        self.changes.append(ScaleChange(at_s=self.now, previous=previous,
+                                        desired=decision.desired, winner=decision.winner,
+                                        summary=decision.summary, ready=ready,
+                                        starting=starting))
+        return actuators.ApplyOutcome(actuators.Outcome.APPLIED, target, previous,
+                                      decision.desired, f"spec.replicas {previous}->"
+                                      f"{decision.desired} in the simulated cluster")
+
+    def hold_placeholders(self, plan: engine_types.NodePlan) -> actuators.ApplyOutcome:
+        """Keep the plan's placeholder pods, each holding a whole node (warm headroom)."""
+        cluster = self.cluster
+        previous = sum(1 for s in cluster.live_slots if cluster.pods[s].placeholder)
+        target = f"{plan.pool}-placeholders"
+        if previous == plan.placeholder_pods:
+            return actuators.ApplyOutcome(actuators.Outcome.UNCHANGED, target, previous,
+                                          plan.placeholder_pods, "placeholders in place")
+        cluster.set_placeholders(plan.placeholder_pods, now=self.now)
+        return actuators.ApplyOutcome(actuators.Outcome.APPLIED, target, previous,
+                                      plan.placeholder_pods,
+                                      f"placeholder pods {previous}->{plan.placeholder_pods}")
+
+    # -- what the terminal view shows -----------------------------------------------------
+
+    def arrival_rate(self, *, window_s: float = 10.0) -> float:
+        """Requests per second over the last `window_s` simulated seconds."""
+        cluster = self.cluster
+        arrivals = cluster.window(cluster.history.arrivals, start=self.now - window_s,
+                                  end=self.now)
+        return float(np.sum(arrivals)) / window_s
+
+    def in_system(self) -> tuple[int, int]:
+        """(waiting, running) requests at the last recorded step."""
+        cluster = self.cluster
+        if cluster.step == 0:
+            return 0, 0
+        i = cluster.step - 1
+        return int(cluster.history.waiting[i]), int(cluster.history.running[i])
+
+    def ready_starting(self) -> tuple[int, int]:
+        pods = self.cluster.replicas()
+        ready = sum(1 for p in pods if p.phase == "ready")
+        return ready, len(pods) - ready
+
+
+class _Models:
+    def __init__(self, models: Mapping[str, SimulatedModel]) -> None:
+        self.models = models
+
+    def model(self, policy: policy_model.ScalePolicy) -> SimulatedModel:
+        found = self.models.get(policy.key)
+        if found is None:
+            raise LookupError(f"no simulated cluster for {policy.key} (the demo simulates "
+                              "the policies it was started with)")
+        return found
+
+
+class SimReader(_Models):
+    """ClusterReader: the target's replicas as the simulated pods show them."""
+
+    async def read(self, policy: policy_model.ScalePolicy) -> engine_types.ClusterState:
+        return self.model(policy).cluster_state()
+
+
+class SimReplicaActuator(_Models):
+    """ReplicaActuator: writes a decision's replicas to the simulated Deployment."""
+
+    async def apply(self, policy: policy_model.ScalePolicy, decision: engine_types.Decision
+                    ) -> actuators.ApplyOutcome:
+        return self.model(policy).scale(decision)
+
+
+class SimPlaceholderActuator:
+    """NodePoolActuator ('placeholder'): placeholder pods in the simulated pool.
+
+    Each simulated model has its own nodes; a pool shared by several policies is held by
+    the first of them (by key), which is where its placeholder pods live.
+    """
+
+    def __init__(self, models: Mapping[str, SimulatedModel]) -> None:
+        self.models = models
+
+    async def apply(self, pool: policy_model.NodePool, plan: engine_types.NodePlan
+                    ) -> actuators.ApplyOutcome:
+        members = sorted(key for key, m in self.models.items()
+                         if m.policy.spec.node_pool is not None
+                         and m.policy.spec.node_pool.name == pool.name)
+        if not members:
+            return actuators.ApplyOutcome(actuators.Outcome.FAILED, pool.name, None,
+                                          plan.placeholder_pods, "no simulated model on pool")
+        return self.models[members[0]].hold_placeholders(plan)
+
+
+def backend(models: Mapping[str, SimulatedModel]) -> runner.ClusterBackend:
+    """The service's ClusterBackend over the simulated models; a single, always-leading replica."""
+    return runner.ClusterBackend(
+        reader=SimReader(models), actuator=SimReplicaActuator(models),
+        leader=actuators.AlwaysLeader("scaler-demo"),
+        pool_actuators={"placeholder": SimPlaceholderActuator(models)})
