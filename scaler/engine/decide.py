@@ -12,6 +12,10 @@ import dataclasses
 from scaler.engine import forecast, recommend, stabilize, types
 from scaler.policy import model
 
+# Recommendations that measure capacity needed (and so get the tolerance band), as opposed
+# to the queue and latency guards, which measure pressure.
+_CAPACITY = frozenset({"concurrency", "tokens_per_second", "forecast"})
+
 
 def decide(
     policy: model.ScalePolicy,
@@ -49,13 +53,23 @@ def decide(
 
     # 3. The raw recommendation: the largest opinion (demand signals, the forecast and the
     #    latency guard); with none, hold the current count.
-    candidates = [(o.replicas, o.reason.name) for o in opinions if o.replicas is not None]
+    candidates = [(o.replicas, o.reason.name, o.demand) for o in opinions
+                  if o.replicas is not None and o.demand is not None]
     if fc is not None and spec.forecast.enabled and fc.replicas_at_ready > 0:
-        candidates.append((fc.replicas_at_ready, "forecast"))
+        candidates.append((fc.replicas_at_ready, "forecast", fc.demand_at_ready))
     winner: str | None
     if candidates:
         # On a tie the signal, not the forecast, is named: it is the plainer reason.
-        raw, winner = max(candidates, key=lambda c: (c[0], c[1] != "forecast"))
+        raw, winner, raw_demand = max(candidates, key=lambda c: (c[0], c[1] != "forecast"))
+        # The HPA's tolerance: a capacity measure within 10 % of the current count changes
+        # nothing, so demand hovering at a boundary (5.9, 6.1, 5.8 replicas) does not
+        # flap the count. The queue and latency guards are exempt: they act on pressure.
+        tolerance = spec.behavior.tolerance
+        if (winner in _CAPACITY and current > 0 and raw != current
+                and abs(raw_demand / current - 1) <= tolerance):
+            notes.append(f"{winner} at {raw_demand:.2f} replicas is within "
+                         f"{tolerance:.0%} of {current}: no change")
+            raw = max([current] + [r for r, name, _ in candidates if name not in _CAPACITY])
     else:
         raw, winner = current, None
         notes.append("no signal has an opinion: holding the current count")

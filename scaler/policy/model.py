@@ -293,6 +293,10 @@ def _default_down() -> ScalingDirection:
 class Behavior(_Model):
     scale_up: ScalingDirection = Field(default_factory=_default_up)
     scale_down: ScalingDirection = Field(default_factory=_default_down)
+    tolerance: float = Field(
+        default=0.1, ge=0, lt=1,
+        description="a capacity recommendation within this fraction of the current count "
+        "changes nothing (the HPA's default tolerance, 10 %)")
 
 
 class ColdStart(_Model):

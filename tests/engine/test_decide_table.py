@@ -8,7 +8,9 @@ import pytest
 
 from scaler.engine import decide as engine_decide
 from scaler.engine import types
-from tests.engine.helpers import MONDAY_0600_UTC, Sim, policy, snap
+from tests.engine.helpers import BASE, MONDAY_0600_UTC, Sim, policy, snap
+
+BEHAVIOR = BASE["spec"]["behavior"]
 
 
 def test_concurrency_counts_running_and_waiting() -> None:
@@ -206,8 +208,10 @@ def test_ramp_is_met_before_it_arrives_with_look_ahead() -> None:
     minute after it was needed; with it, the count leads demand by about 60 s x 0.05 = 3.
     """
     def run(forecast_enabled: bool) -> list[tuple[float, int]]:
+        # No tolerance band here: this test measures the look-ahead alone.
         p = policy(forecast={"enabled": forecast_enabled, "windowSeconds": 120},
-                   replicas={"min": 1, "max": 40})
+                   replicas={"min": 1, "max": 40},
+                   behavior={**BEHAVIOR, "tolerance": 0.0})
         sim = Sim(p, current=1, ready_after=60)
         out = []
         for t in range(0, 600, 5):
@@ -342,3 +346,21 @@ def test_look_ahead_is_not_extrapolated_past_its_history() -> None:
     fc = sim.last.forecast if sim.last else None
     assert fc is not None and fc.time_to_ready_s == 360
     assert fc.demand_at_ready == pytest.approx(7 + 0.1 * 70)
+
+
+def test_tolerance_band_stops_boundary_flapping() -> None:
+    """Demand hovering around 5 to 5.4 replicas at 5 replicas: within 10 %, nothing moves."""
+    p = policy(behavior={**BEHAVIOR, "scaleDown": {"stabilizationSeconds": 0, "policies": []}})
+    sim = Sim(p, current=5)
+    for t, running in [(0, 52), (10, 48), (20, 54), (30, 47), (40, 51)]:
+        assert sim.step(t, snap(running=running)) == 5, t
+    assert sim.last is not None and "within 10% of 5" in sim.last.notes[0]
+    # Beyond the band it moves: 5.6 replicas of demand -> 6; 4.4 -> 5 ... 3.9 -> 4.
+    assert sim.step(50, snap(running=56)) == 6
+    assert sim.step(60, snap(running=39)) == 4
+    # Without the band the same wobble moves the count every time.
+    loose = Sim(policy(behavior={**BEHAVIOR, "tolerance": 0.0,
+                                 "scaleDown": {"stabilizationSeconds": 0, "policies": []}}),
+                current=5)
+    assert [loose.step(t, snap(running=r)) for t, r in [(0, 52), (10, 48), (20, 54)]] == [
+        6, 5, 6]
