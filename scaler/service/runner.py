@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import shutil
 import signal
@@ -298,6 +299,10 @@ class Service:
                 log.error("scaler could not start: %s: %s", type(error).__name__, error,
                           exc_info=True)
                 return 1
+            # Everything allocated at start lives for the process: move it out of the
+            # collector's sight. Without this, full collections over the start-up objects
+            # paused the loop 20 to 90 ms under load (bench/signals_ingest.py).
+            gc.freeze()
             waiters = [asyncio.create_task(stop_requested.wait(), name="wait-signal"),
                        asyncio.create_task(self.supervisor.failed.wait(), name="wait-failure")]
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)

@@ -7,9 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pydantic
-import yaml
-
+from scaler.policy import loader
 from scaler.policy import model as policy_model
 from scaler.sim import profiles, report, run, strategies, traces
 
@@ -44,17 +42,14 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
 
 
 def _load_policy(path: Path) -> policy_model.ScalePolicy:
-    """The first document of a policy file (the simulator replays one model at a time)."""
-    try:
-        documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-    except (OSError, yaml.YAMLError) as exc:
-        raise SystemExit(f"scaler simulate: cannot read policy {path}: {exc}") from None
-    if not documents:
-        raise SystemExit(f"scaler simulate: {path} has no policy document")
-    try:
-        return policy_model.ScalePolicy.model_validate(documents[0])
-    except pydantic.ValidationError as exc:
-        raise SystemExit(f"scaler simulate: {path} is not a valid ScalePolicy:\n{exc}") from None
+    """The first valid policy of a file (the simulator replays one model at a time)."""
+    result = loader.load_paths([path])
+    if result.errors:
+        raise SystemExit("scaler simulate: invalid policy:\n" + "\n".join(
+            f"  {error}" for error in result.errors))
+    if not result.policies:
+        raise SystemExit(f"scaler simulate: {path} has no ScalePolicy document")
+    return result.policies[0]
 
 
 def simulate_command(args: argparse.Namespace) -> int:

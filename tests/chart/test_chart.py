@@ -126,3 +126,26 @@ def test_registration_can_be_left_to_another_provider() -> None:
     assert rendered.get("apiservice.yaml", []) == []
     names = [o["metadata"]["name"] for o in rendered["rbac.yaml"]]
     assert not any("auth-delegator" in n for n in names)
+
+
+def test_rendered_settings_load_into_the_service_settings(tmp_path: Path) -> None:
+    """The shipped values.yaml must parse into the code's Settings (Knative's config/testdata
+    idea): a renamed or mistyped key fails here, not in a cluster."""
+    from scaler.service import settings as service_settings
+
+    for values in ({}, FULL, {"settings": {"kube": {"dry_run": True}}}):
+        rendered = render(values)
+        text = next(o for o in rendered["configmap.yaml"]
+                    if o["metadata"]["name"].endswith("-settings"))["data"]["settings.yaml"]
+        path = tmp_path / "settings.yaml"
+        path.write_text(text)
+        loaded = service_settings.load_settings(path, environ={})
+        assert loaded.kube.lease.namespace == "scaler-system"
+        assert loaded.kube.lease.name == "scaler-leader"
+        assert loaded.kube.placeholder.priority_class == "scaler-placeholder"
+        assert [str(p) for p in loaded.policies.paths] == ["/etc/scaler/policies"]
+    assert loaded.kube.dry_run is True
+    defaults = service_settings.Settings()
+    chart = service_settings.load_settings(path, environ={})
+    # Where the chart does not say otherwise, the code's defaults stand.
+    assert chart.engine == defaults.engine and chart.audit == defaults.audit
