@@ -39,15 +39,17 @@ def _fresh(value: types.SignalValue | None, stale_after_s: float) -> bool:
     )
 
 
-def _reason(
+def _opinion(
     name: str,
     *,
     value: types.SignalValue | None,
     fresh: bool,
     demand: float | None,
     detail: str,
-) -> types.SignalReason:
-    return types.SignalReason(
+    is_guard: bool = False,
+) -> SignalOpinion:
+    """A signal's opinion with its reason; `demand` None means no opinion."""
+    reason = types.SignalReason(
         name=name,
         value=None if value is None else value.value,
         age_s=None if value is None else value.age_s,
@@ -55,6 +57,15 @@ def _reason(
         recommendation=None if demand is None else ceil_replicas(demand),
         detail=detail,
     )
+    return SignalOpinion(reason=reason, demand=demand, is_guard=is_guard)
+
+
+def _unusable(name: str, label: str, value: types.SignalValue | None, *,
+              is_guard: bool = False) -> SignalOpinion:
+    """No opinion because the value is missing or stale."""
+    detail = f"{label} missing" if value is None else f"{label} stale"
+    return _opinion(name, value=value, fresh=False, demand=None, detail=detail,
+                    is_guard=is_guard)
 
 
 def concurrency(
@@ -83,16 +94,9 @@ def concurrency(
         demand = total / spec.target_per_replica
         detail = f"({total:g} running+waiting) / {spec.target_per_replica:g} per replica"
         combined = types.SignalValue(value=total, age_s=max(v.age_s for v in parts))
-        return SignalOpinion(
-            reason=_reason("concurrency", value=combined, fresh=True, demand=demand,
-                           detail=detail),
-            demand=demand,
-        )
-    detail = "in-flight count missing" if running is None else "in-flight count stale"
-    return SignalOpinion(
-        reason=_reason("concurrency", value=running, fresh=False, demand=None, detail=detail),
-        demand=None,
-    )
+        return _opinion("concurrency", value=combined, fresh=True, demand=demand,
+                        detail=detail)
+    return _unusable("concurrency", "in-flight count", running)
 
 
 def queue_depth(
@@ -110,27 +114,15 @@ def queue_depth(
     """
     waiting = snapshot.queue_depth
     if not _fresh(waiting, stale_after_s) or waiting is None:
-        detail = "queue depth missing" if waiting is None else "queue depth stale"
-        return SignalOpinion(
-            reason=_reason("queue_depth", value=waiting, fresh=False, demand=None,
-                           detail=detail),
-            demand=None,
-        )
+        return _unusable("queue_depth", "queue depth", waiting)
     allowed = spec.target_waiting_per_replica * cluster.ready
     if waiting.value > allowed:
         demand = waiting.value / spec.target_waiting_per_replica
         detail = (f"{waiting.value:g} waiting > {allowed:g} allowed "
                   f"({spec.target_waiting_per_replica:g} x {cluster.ready} ready)")
-        return SignalOpinion(
-            reason=_reason("queue_depth", value=waiting, fresh=True, demand=demand,
-                           detail=detail),
-            demand=demand,
-        )
-    return SignalOpinion(
-        reason=_reason("queue_depth", value=waiting, fresh=True, demand=None,
-                       detail=f"{waiting.value:g} waiting within {allowed:g}: no opinion"),
-        demand=None,
-    )
+        return _opinion("queue_depth", value=waiting, fresh=True, demand=demand, detail=detail)
+    return _opinion("queue_depth", value=waiting, fresh=True, demand=None,
+                    detail=f"{waiting.value:g} waiting within {allowed:g}: no opinion")
 
 
 def tokens_per_second(
@@ -156,11 +148,8 @@ def tokens_per_second(
     if missing:
         detail = " and ".join(missing) + " tokens/s " + (
             "missing" if all(v is None for n, v, _ in parts if n in missing) else "stale")
-        return SignalOpinion(
-            reason=_reason("tokens_per_second", value=generated, fresh=False, demand=None,
-                           detail=detail),
-            demand=None,
-        )
+        return _opinion("tokens_per_second", value=generated, fresh=False, demand=None,
+                        detail=detail)
     shares = [(name, v.value, cap) for name, v, cap in parts if v is not None]
     busy = sum(value / cap for _, value, cap in shares)
     demand = busy / spec.target_utilization
@@ -169,11 +158,8 @@ def tokens_per_second(
         value=sum(value for _, value, _ in shares),
         age_s=max(v.age_s for _, v, _ in parts if v is not None),
     )
-    return SignalOpinion(
-        reason=_reason("tokens_per_second", value=combined, fresh=True, demand=demand,
-                       detail=f"({detail}) / {spec.target_utilization:g} utilisation"),
-        demand=demand,
-    )
+    return _opinion("tokens_per_second", value=combined, fresh=True, demand=demand,
+                    detail=f"({detail}) / {spec.target_utilization:g} utilisation")
 
 
 def p95_latency(
@@ -191,29 +177,15 @@ def p95_latency(
     """
     value = snapshot.p95_latency_s
     if not _fresh(value, stale_after_s) or value is None:
-        detail = "p95 latency missing" if value is None else "p95 latency stale"
-        return SignalOpinion(
-            reason=_reason("p95_latency", value=value, fresh=False, demand=None,
-                           detail=detail),
-            demand=None,
-            is_guard=True,
-        )
+        return _unusable("p95_latency", "p95 latency", value, is_guard=True)
     if value.value > spec.slo_seconds and cluster.ready > 0:
         demand = cluster.ready * value.value / spec.slo_seconds
         detail = (f"p95 {value.value:.3g}s > SLO {spec.slo_seconds:g}s: "
                   f"{cluster.ready} ready x {value.value / spec.slo_seconds:.2f}")
-        return SignalOpinion(
-            reason=_reason("p95_latency", value=value, fresh=True, demand=demand,
-                           detail=detail),
-            demand=demand,
-            is_guard=True,
-        )
-    return SignalOpinion(
-        reason=_reason("p95_latency", value=value, fresh=True, demand=None,
-                       detail=f"p95 {value.value:.3g}s within SLO {spec.slo_seconds:g}s"),
-        demand=None,
-        is_guard=True,
-    )
+        return _opinion("p95_latency", value=value, fresh=True, demand=demand, detail=detail,
+                        is_guard=True)
+    return _opinion("p95_latency", value=value, fresh=True, demand=None, is_guard=True,
+                    detail=f"p95 {value.value:.3g}s within SLO {spec.slo_seconds:g}s")
 
 
 def all_opinions(
