@@ -8,13 +8,15 @@ in dry-run); if applying fails, it keeps the old state and decides again.
 from __future__ import annotations
 
 import dataclasses
+import math
+from dataclasses import dataclass
 
 from scaler.engine import forecast, recommend, stabilize, types
 from scaler.policy import model
 
 # Recommendations that measure capacity needed (and so get the tolerance band), as opposed
 # to the queue and latency guards, which measure pressure.
-_CAPACITY = frozenset({"concurrency", "tokens_per_second", "forecast"})
+_CAPACITY = frozenset({"concurrency", "tokens_per_second", "arrival_rate", "forecast"})
 
 
 def decide(
@@ -40,6 +42,15 @@ def decide(
     capacity = [o for o in demand_opinions if o.reason.name != "queue_depth"] or demand_opinions
     demand_values = [o.demand for o in capacity if o.demand is not None]
     demand_now = max(demand_values) if demand_values else None
+
+    state = _learn_load_per_request(spec, snapshot=snapshot, cluster=cluster, state=state,
+                                    demand_now=demand_now)
+    arrival = recommend.arrival_rate(snapshot=snapshot,
+                                     replicas_per_request_rate=state.replicas_per_request_rate,
+                                     stale_after_s=spec.stale_after_seconds)
+    if arrival is not None and arrival.demand is not None:
+        opinions.append(arrival)
+        demand_now = max(demand_now or 0.0, arrival.demand)
 
     # 2. Cold-start look-ahead.
     times, state = forecast.learn_start_times(spec.cold_start, state=state,
@@ -75,6 +86,15 @@ def decide(
         notes.append("no signal has an opinion: holding the current count")
     if stale and winner is None:
         notes.append("stale or missing: " + ", ".join(stale))
+    clamps: list[types.Clamp] = []
+    cap = _backlog_cap(spec, snapshot=snapshot, cluster=cluster, state=state,
+                       node_ready_s=times.pod_start_s + times.node_boot_s)
+    if cap is not None and raw > cap.replicas:
+        clamps.append(types.Clamp("backlog", raw, cap.replicas, cap.detail))
+        raw = cap.replicas
+    if cap is not None and fc is not None and fc.replicas_at_node_ready > cap.replicas:
+        # Node headroom follows the same rule: no node is prepared for the backlog either.
+        fc = dataclasses.replace(fc, replicas_at_node_ready=cap.replicas)
 
     # 4. Stabilization (HPA semantics) and rate limits. A fresh state (first decision, or
     #    a restarted service) seeds the down window with the current count, as the HPA
@@ -82,7 +102,6 @@ def decide(
     if state.last_desired is None:
         state = dataclasses.replace(
             state, recommendations=(types.Recommendation(at=now, replicas=current),))
-    clamps: list[types.Clamp] = []
     desired = stabilize.stabilize(spec.behavior, current=current, recommendation=raw,
                                   history=state.recommendations, now=now)
     if desired != raw:
@@ -167,6 +186,94 @@ def _forecast(
         replicas_at_ready=recommend.ceil_replicas(at_ready),
         replicas_at_node_ready=recommend.ceil_replicas(at_node_ready),
     )
+
+
+# Weight of a new observation in the learned load per request: about the last 10 s of
+# one-second samples. Requests/s below MIN_RATE say too little about the load of one.
+LOAD_WEIGHT = 0.1
+MIN_RATE = 0.5
+# The drain time is estimated from the load learned at low utilisation, which overstates
+# what a saturated replica serves (long prompts and full KV caches); the estimate is
+# multiplied by this before it is trusted to make a node boot unnecessary.
+DRAIN_SAFETY = 2.0
+
+
+def _learn_load_per_request(
+    spec: model.ScalePolicySpec,
+    *,
+    snapshot: types.SignalSnapshot,
+    cluster: types.ClusterState,
+    state: types.EngineState,
+    demand_now: float | None,
+) -> types.EngineState:
+    """Learn how many replicas one request per second needs, while that can be seen.
+
+    Only when there is an arrival rate and the model is not saturated (at most one request
+    waiting per ready replica): then demand is load, not backlog. Example: 5 req/s with
+    demand 0.68 replicas -> 0.136 replicas per req/s, so a jump to 40 req/s needs 5.4.
+    """
+    rate = snapshot.arrival_rate
+    waiting = snapshot.queue_depth
+    if (demand_now is None or rate is None or rate.age_s > spec.stale_after_seconds
+            or not rate.value >= MIN_RATE or cluster.ready == 0):
+        return state
+    if waiting is None or waiting.age_s > spec.stale_after_seconds or (
+            waiting.value > cluster.ready):
+        return state
+    sample = demand_now / rate.value
+    old = state.replicas_per_request_rate
+    learned = sample if old is None else old + LOAD_WEIGHT * (sample - old)
+    return dataclasses.replace(state, replicas_per_request_rate=learned)
+
+
+@dataclass(frozen=True, slots=True)
+class _Cap:
+    replicas: int
+    detail: str
+
+
+def _backlog_cap(
+    spec: model.ScalePolicySpec,
+    *,
+    snapshot: types.SignalSnapshot,
+    cluster: types.ClusterState,
+    state: types.EngineState,
+    node_ready_s: float,
+) -> _Cap | None:
+    """Boot no node for a backlog that capacity already there (or starting) will drain first.
+
+    A flash crowd builds a queue while new replicas start; the backlog signals (waiting,
+    running + waiting, p95) keep rising because capacity has not arrived yet, not because
+    load grew. Replicas beyond the free GPUs need a node boot and arrive minutes later,
+    after the backlog is gone, then sit out the down window. So while there is a backlog
+    (more waiting than ready replicas), the count may go past what exists or fits on free
+    GPUs only as far as the arrival rate needs (requests/s x the learned load of one),
+    unless the backlog would outlast a node boot at the spare capacity's drain rate.
+    Example: 1 ready + 7 starting, no free GPU, 40 req/s x 0.127 = 5.1 replicas needed,
+    3,000 waiting: spare (8 - 5.1) replicas drain 3,000 / (2.9 / 0.127) = 131 s < 330 s
+    to boot a node, so capped at 8 rather than the 32 the backlog asks for. A step that
+    the replicas on hand cannot carry (need >= ready + starting) is never held back.
+    Without an arrival rate or a learned load, no cap.
+    """
+    rate = snapshot.arrival_rate
+    waiting = snapshot.queue_depth
+    per_rate = state.replicas_per_request_rate
+    if (cluster.free_replica_slots is None or per_rate is None or per_rate <= 0
+            or rate is None or rate.age_s > spec.stale_after_seconds
+            or waiting is None or waiting.age_s > spec.stale_after_seconds
+            or waiting.value <= cluster.ready):
+        return None
+    need = rate.value * per_rate
+    on_hand = cluster.ready + len(cluster.starting)
+    spare_rate = (on_hand - need) / per_rate          # requests/s beyond the arrivals
+    drain_s = DRAIN_SAFETY * waiting.value / spare_rate if spare_rate > 0 else math.inf
+    if drain_s >= node_ready_s:
+        return None
+    fast = on_hand + cluster.free_replica_slots
+    replicas = max(cluster.current, fast, recommend.ceil_replicas(need))
+    return _Cap(replicas, f"{waiting.value:g} waiting drain in about {drain_s:.0f} s at "
+                f"{rate.value:.3g} req/s, before a node could boot ({node_ready_s:.0f} s): "
+                "no node for the backlog")
 
 
 def _bound(

@@ -162,6 +162,29 @@ def tokens_per_second(
                     detail=f"({detail}) / {spec.target_utilization:g} utilisation")
 
 
+def arrival_rate(
+    *,
+    snapshot: types.SignalSnapshot,
+    replicas_per_request_rate: float | None,
+    stale_after_s: float,
+) -> SignalOpinion | None:
+    """Requests/s x the learned load of one request/s: demand that does not saturate.
+
+    Measured throughput (tokens/s, requests running) cannot exceed the replicas serving
+    it, so under overload it reads the capacity, not the demand; the arrival rate (from
+    the gateway or the stream's sequence numbers) keeps counting. Only once the load of a
+    request has been learned (see decide._learn_load_per_request); otherwise None.
+    Example: 40 req/s x 0.127 replicas per req/s = 5.1 -> 6 replicas.
+    """
+    rate = snapshot.arrival_rate
+    if replicas_per_request_rate is None or not _fresh(rate, stale_after_s) or rate is None:
+        return None
+    demand = rate.value * replicas_per_request_rate
+    return _opinion("arrival_rate", value=rate, fresh=True, demand=demand,
+                    detail=f"{rate.value:.3g} req/s x {replicas_per_request_rate:.3g} "
+                    "replicas per req/s (learned)")
+
+
 def p95_latency(
     spec: model.P95LatencySignal,
     *,

@@ -116,6 +116,8 @@ class EngineState:
     demand: demand samples within the forecast window (for the trend).
     learned_pod_start_s / learned_node_boot_s: smoothed observed start times (None until
       observed); last_observation_at: the newest observation already learned from.
+    replicas_per_request_rate: smoothed load of one request per second, in replicas,
+      learned from the arrival rate while the model is not saturated (None until seen).
     last_desired: the last decided replicas (None before the first decision).
     """
 
@@ -125,6 +127,7 @@ class EngineState:
     learned_pod_start_s: float | None = None
     learned_node_boot_s: float | None = None
     last_observation_at: float = float("-inf")
+    replicas_per_request_rate: float | None = None
     last_desired: int | None = None
 
 

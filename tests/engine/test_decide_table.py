@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -364,3 +365,65 @@ def test_tolerance_band_stops_boundary_flapping() -> None:
                 current=5)
     assert [loose.step(t, snap(running=r)) for t, r in [(0, 52), (10, 48), (20, 54)]] == [
         6, 5, 6]
+
+
+TOKENS_AND_QUEUE = {"tokensPerSecond": {"capacityPerReplica": 6000,
+                                        "promptCapacityPerReplica": 25000},
+                    "queueDepth": {"targetWaitingPerReplica": 8}}
+
+
+def load(*, rate: float, waiting: float, prompt: float, generated: float | None = None
+         ) -> types.SignalSnapshot:
+    return types.SignalSnapshot(
+        arrival_rate=types.SignalValue(rate), queue_depth=types.SignalValue(waiting),
+        tokens_per_second=types.SignalValue(rate * 200 if generated is None else generated),
+        prompt_tokens_per_second=types.SignalValue(prompt))
+
+
+def test_load_per_request_is_learned_unsaturated_and_used_saturated() -> None:
+    p = policy(signals=TOKENS_AND_QUEUE, replicas={"min": 1, "max": 40})
+    sim = Sim(p, current=2)
+    # 5 req/s of 2,000-token prompts: (1,000 / 6,000 + 10,000 / 25,000) / 0.8 = 0.71
+    # replicas, i.e. 0.142 replicas per req/s.
+    for t in range(0, 60, 2):
+        sim.step(t, load(rate=5, waiting=0, prompt=10_000))
+    learned = sim.state.replicas_per_request_rate
+    assert learned == pytest.approx(0.7083 / 5, rel=1e-3)
+    # Saturated: 40 req/s arrive, but 2 replicas serve only 40,000 prompt and 2,000
+    # generated tokens/s and 600 wait. Throughput says (0.33 + 1.6) / 0.8 = 2.4 -> 3
+    # replicas; the arrival rate says 40 x 0.142 = 5.7 -> 6.
+    sim.step(60, load(rate=40, waiting=600, prompt=40_000, generated=2000))
+    assert sim.state.replicas_per_request_rate == learned     # not learned from overload
+    assert sim.last is not None
+    by_name = {s.name: s.recommendation for s in sim.last.signals}
+    assert by_name["tokens_per_second"] == 3 and by_name["arrival_rate"] == 6
+
+
+def test_backlog_boots_no_node_that_would_arrive_after_it_drained() -> None:
+    p = policy(signals=TOKENS_AND_QUEUE, replicas={"min": 1, "max": 40},
+               coldStart={"nodeBootSeconds": 300, "imagePullSeconds": 30,
+                          "modelLoadSeconds": 20, "readinessSeconds": 10, "learn": False})
+    state = types.EngineState(replicas_per_request_rate=0.127, last_desired=8)
+    now = MONDAY_0600_UTC
+    # 1 ready, 7 starting, no free GPU; 3,000 waiting at 40 req/s: the 8 replicas on hand
+    # carry 40 x 0.127 = 5.1 and drain the rest in 2 x 3,000 / ((8 - 5.1) / 0.127) = 263 s,
+    # before a node (300 + 60 s) could help. The queue alone would ask for 375.
+    cluster = types.ClusterState(current=8, ready=1, starting=(now - 30,) * 7,
+                                 free_replica_slots=0)
+    decision, _ = engine_decide.decide(
+        p, snapshot=load(rate=40, waiting=3000, prompt=50_000), cluster=cluster,
+        state=state, now=now)
+    assert decision.desired == 8
+    assert [c.name for c in decision.clamps][:1] == ["backlog"]
+    assert decision.forecast is not None and decision.forecast.replicas_at_node_ready <= 8
+    # A step the replicas on hand cannot carry (400 req/s -> 51 replicas) is not held.
+    big, _ = engine_decide.decide(
+        p, snapshot=load(rate=400, waiting=3000, prompt=50_000), cluster=cluster,
+        state=state, now=now)
+    assert big.desired > 8 and "backlog" not in [c.name for c in big.clamps]
+    # Without an arrival rate nothing is capped (no evidence of what the load is).
+    blind, _ = engine_decide.decide(
+        p, snapshot=dataclasses.replace(load(rate=40, waiting=3000, prompt=50_000),
+                                        arrival_rate=None),
+        cluster=cluster, state=state, now=now)
+    assert blind.desired > 8
