@@ -36,7 +36,8 @@ def decide(
     notes: list[str] = []
 
     # 1. Demand now, in fractional replicas: the max over the fresh capacity measures
-    #    (concurrency, tokens/s). Queue pressure is left out of the trend: a queue builds
+    #    (concurrency, tokens/s, and the arrival rate once the load of a request has been
+    #    learned). Queue pressure is left out of the trend: a queue builds
     #    while capacity lags and drains once it arrives, so its swings are the scaler's
     #    own echo, not a change in load. It is the demand only when nothing else is set.
     capacity = [o for o in demand_opinions if o.reason.name != "queue_depth"] or demand_opinions
@@ -86,6 +87,7 @@ def decide(
         notes.append("no signal has an opinion: holding the current count")
     if stale and winner is None:
         notes.append("stale or missing: " + ", ".join(stale))
+    # 4. Backlog: no node boots for a queue that the replicas on hand will drain first.
     clamps: list[types.Clamp] = []
     cap = _backlog_cap(spec, snapshot=snapshot, cluster=cluster, state=state,
                        node_ready_s=times.pod_start_s + times.node_boot_s)
@@ -96,7 +98,7 @@ def decide(
         # Node headroom follows the same rule: no node is prepared for the backlog either.
         fc = dataclasses.replace(fc, replicas_at_node_ready=cap.replicas)
 
-    # 4. Stabilization (HPA semantics) and rate limits. A fresh state (first decision, or
+    # 5. Stabilization (HPA semantics) and rate limits. A fresh state (first decision, or
     #    a restarted service) seeds the down window with the current count, as the HPA
     #    does, so a restart never scales down before a full window of evidence.
     if state.last_desired is None:
@@ -120,7 +122,7 @@ def decide(
                                       limit, "behavior policies allow at most this change now"))
             desired = limit
 
-    # 5. Safety: never down on stale or missing data. (Never below what is in flight holds
+    # 6. Safety: never down on stale or missing data. (Never below what is in flight holds
     #    already: the concurrency signal counts running requests, and the max over
     #    signals cannot fall below it.)
     if desired < current and stale:
@@ -128,7 +130,7 @@ def decide(
                                   "stale or missing: " + ", ".join(stale)))
         desired = current
 
-    # 6. Bounds: min and warm floor below, max and GPU budget above (the cap wins).
+    # 7. Bounds: min and warm floor below, max and GPU budget above (the cap wins).
     desired = _bound(spec, cluster=cluster, desired=desired, now=now, clamps=clamps)
 
     decision = types.Decision(
