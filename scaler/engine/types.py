@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SIGNAL_NAMES = ("concurrency", "queue_depth", "tokens_per_second", "p95_latency")
-
 
 @dataclass(frozen=True, slots=True)
 class SignalValue:

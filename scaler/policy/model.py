@@ -10,7 +10,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-API_VERSION = "scaler.io/v1alpha1"
 KIND = "ScalePolicy"
 
 # Kubernetes DNS-1123 label: what Deployment, namespace and pool names must be.

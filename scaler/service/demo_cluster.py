@@ -21,10 +21,6 @@ from scaler.sim import profiles, run, strategies, traces
 # Replicas report once per virtual second, as the simulator's own scaler strategy assumes
 # (vLLM pods exporting through NATS at about that cadence).
 REPORT_INTERVAL_S = 1.0
-# The cluster's `ClusterState` carries the newest observed pod starts, like the service's
-# Kubernetes reader: 20 is what the engine's learning needs and what the simulator passes.
-OBSERVATIONS_KEPT = 20
-
 
 # Per-replica values that are fields of the message contract (queue_depth, in_flight,
 # tokens_per_second, ...): whatever the feed measures and the contract carries is sent.

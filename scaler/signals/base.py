@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +19,6 @@ KV_CACHE_USAGE: Final = "kv_cache_usage"
 GPU_ENGINE_ACTIVE: Final = "gpu_engine_active"
 GPU_SM_ACTIVE: Final = "gpu_sm_active"
 GPU_FB_USED_MIB: Final = "gpu_fb_used_mib"
-LATENCY_METRICS: Final = ("ttft", "e2e", "itl")
 
 SUMMED_SIGNALS: Final = frozenset(
     {QUEUE_DEPTH, IN_FLIGHT, TOKENS_PER_SECOND, PROMPT_TOKENS_PER_SECOND, ARRIVAL_RATE}
@@ -147,13 +145,6 @@ class Sample:
     @property
     def missing(self) -> bool:
         return self.value is None and self.histogram is None
-
-
-def finite_or_none(value: float | None) -> float | None:
-    """NaN and +-Inf are missing data, never a number to scale on."""
-    if value is None or not math.isfinite(value):
-        return None
-    return value
 
 
 class SampleSink(Protocol):

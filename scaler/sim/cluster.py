@@ -211,9 +211,6 @@ class SimCluster:
             self.prompt_tokens_by_slot = _grown(self.prompt_tokens_by_slot, size)
         return pod
 
-    def live_nodes(self) -> list[Node]:
-        return [n for n in self.nodes if not n.gone]
-
     def _place(self, pod: Pod, *, now: float) -> bool:
         """Bind a pod to a node with room (ready first, then booting); else leave it pending.
 

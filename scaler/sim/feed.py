@@ -47,7 +47,6 @@ class SignalFeed:
     pending: deque[tuple[float, list[signal_base.Sample]]] = field(default_factory=deque)
     counters: deque[tuple[float, npt.NDArray[np.float64]]] = field(default_factory=deque)
     next_publish: float = float("-inf")
-    next_expiry: float = 0.0
 
     def advance(self, cluster: sim_cluster.SimCluster, *, now: float) -> None:
         """Publish if due, then deliver every batch whose delay has passed."""
