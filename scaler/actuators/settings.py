@@ -20,10 +20,12 @@ class RetrySettings(_Settings):
     """
 
     max_attempts: int = Field(default=5, ge=1, description="attempts in total, first included")
-    base_delay_s: float = Field(default=0.2, gt=0)
-    max_delay_s: float = Field(default=5.0, gt=0)
-    jitter_ratio: float = Field(default=0.2, ge=0, lt=1)
-    max_retry_after_s: float = Field(default=30.0, gt=0)
+    base_delay_s: float = Field(default=0.2, gt=0, description="first retry delay, s")
+    max_delay_s: float = Field(default=5.0, gt=0, description="longest retry delay, s")
+    jitter_ratio: float = Field(default=0.2, ge=0, lt=1,
+                                description="+- share of random spread on each delay")
+    max_retry_after_s: float = Field(default=30.0, gt=0,
+                                     description="cap on a 429's Retry-After, s")
 
     def backoff(self, attempt: int, random_unit: float) -> float:
         """Delay after failed attempt `attempt` (1-based); `random_unit` is in [0, 1)."""
@@ -40,12 +42,14 @@ class LeaseSettings(_Settings):
     stopped writing 5 s before anyone else can start.
     """
 
-    enabled: bool = True
-    namespace: str = "default"
-    name: str = "scaler-leader"
-    lease_duration_s: int = Field(default=15, ge=1)
-    renew_deadline_s: float = Field(default=10.0, gt=0)
-    retry_period_s: float = Field(default=2.0, gt=0)
+    enabled: bool = Field(default=True, description="off: act as leader alone (one replica)")
+    namespace: str = Field(default="default", description="namespace of the Lease")
+    name: str = Field(default="scaler-leader", description="name of the Lease")
+    lease_duration_s: int = Field(default=15, ge=1,
+                                  description="others take over after this long unrenewed, s")
+    renew_deadline_s: float = Field(default=10.0, gt=0,
+                                    description="the leader stops acting if unrenewed this long, s")
+    retry_period_s: float = Field(default=2.0, gt=0, description="renew interval, s")
 
     @model_validator(mode="after")
     def _ordered(self) -> LeaseSettings:
@@ -61,10 +65,11 @@ class EventSettings(_Settings):
     minute; the rest are logged only. Same spirit as client-go's spam filter.
     """
 
-    enabled: bool = True
-    burst: int = Field(default=5, ge=1)
-    refill_seconds: float = Field(default=60.0, gt=0)
-    component: str = "scaler"
+    enabled: bool = Field(default=True, description="post Events on targets")
+    burst: int = Field(default=5, ge=1, description="Events a target may get at once")
+    refill_seconds: float = Field(default=60.0, gt=0,
+                                  description="one more Event allowed per this many s")
+    component: str = Field(default="scaler", description="Event source component")
 
 
 class PlaceholderSettings(_Settings):
@@ -74,9 +79,11 @@ class PlaceholderSettings(_Settings):
     the scheduler preempts placeholders for real replicas; the Helm chart installs it.
     """
 
-    namespace: str = "scaler-system"
-    priority_class: str = "scaler-placeholder"
-    image: str = "registry.k8s.io/pause:3.10"
+    namespace: str = Field(default="scaler-system",
+                           description="namespace of the placeholder Deployments")
+    priority_class: str = Field(default="scaler-placeholder",
+                                description="PriorityClass below every real workload")
+    image: str = Field(default="registry.k8s.io/pause:3.10", description="placeholder image")
     tolerations: tuple[dict[str, str], ...] = (
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
     )
@@ -90,17 +97,19 @@ class KubeSettings(_Settings):
     server to end after `watch_timeout_s` and are then resumed from the last version.
     """
 
-    host: str | None = None
-    kubeconfig: str | None = None
-    context: str | None = None
-    request_timeout_s: float = Field(default=10.0, gt=0)
-    watch_timeout_s: int = Field(default=300, ge=1)
-    dry_run: bool = False
+    host: str | None = Field(default=None, description="plain API URL (tests, kubectl proxy)")
+    kubeconfig: str | None = Field(default=None, description="kubeconfig path; else in-cluster")
+    context: str | None = Field(default=None, description="kubeconfig context")
+    request_timeout_s: float = Field(default=10.0, gt=0, description="timeout of every call, s")
+    watch_timeout_s: int = Field(default=300, ge=1,
+                                 description="the server ends a watch after this; resumed, s")
+    dry_run: bool = Field(default=False, description="compute and log, patch nothing")
     ownership_ttl_s: float = Field(
         default=30.0, ge=0, description="how long a 'no HPA/KEDA owns it' answer is reused")
     observation_window_s: float = Field(
         default=3600.0, gt=0, description="pod start timelines older than this are dropped")
-    clusterapi_namespace: str = "default"
+    clusterapi_namespace: str = Field(default="default",
+                                      description="namespace of the MachineDeployments")
     resource_plurals: dict[str, str] = Field(
         default_factory=dict,
         description="plural per 'Kind.group' where the English rule is wrong, e.g. "
