@@ -46,9 +46,9 @@ def decide(
 
     state = _learn_load_per_request(spec, snapshot=snapshot, cluster=cluster, state=state,
                                     demand_now=demand_now)
-    arrival = recommend.arrival_rate(snapshot=snapshot,
+    arrival = recommend.arrival_rate(spec, snapshot=snapshot,
                                      replicas_per_request_rate=state.replicas_per_request_rate,
-                                     stale_after_s=spec.stale_after_seconds)
+                                     ready=cluster.ready)
     if arrival is not None and arrival.demand is not None:
         opinions.append(arrival)
         demand_now = max(demand_now or 0.0, arrival.demand)
@@ -217,10 +217,10 @@ def _learn_load_per_request(
     rate = snapshot.arrival_rate
     waiting = snapshot.queue_depth
     if (demand_now is None or rate is None or rate.age_s > spec.stale_after_seconds
-            or not rate.value >= MIN_RATE or cluster.ready == 0):
+            or not rate.value >= MIN_RATE or cluster.ready == 0 or waiting is None
+            or waiting.age_s > spec.stale_after_seconds):
         return state
-    if waiting is None or waiting.age_s > spec.stale_after_seconds or (
-            waiting.value > cluster.ready):
+    if recommend.saturated(spec, snapshot=snapshot, ready=cluster.ready):
         return state
     sample = demand_now / rate.value
     old = state.replicas_per_request_rate
@@ -262,8 +262,8 @@ def _backlog_cap(
     per_rate = state.replicas_per_request_rate
     if (cluster.free_replica_slots is None or per_rate is None or per_rate <= 0
             or rate is None or rate.age_s > spec.stale_after_seconds
-            or waiting is None or waiting.age_s > spec.stale_after_seconds
-            or waiting.value <= cluster.ready):
+            or waiting is None
+            or not recommend.saturated(spec, snapshot=snapshot, ready=cluster.ready)):
         return None
     need = rate.value * per_rate
     on_hand = cluster.ready + len(cluster.starting)

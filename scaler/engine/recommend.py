@@ -162,22 +162,41 @@ def tokens_per_second(
                     detail=f"({detail}) / {spec.target_utilization:g} utilisation")
 
 
+def saturated(policy: model.ScalePolicySpec, *, snapshot: types.SignalSnapshot, ready: int
+              ) -> bool:
+    """A queue beyond what the ready replicas should hold: throughput reads capacity, not load.
+
+    The bound is the queue-pressure target (`targetWaitingPerReplica` per ready replica,
+    1 without one): a few waiting requests are normal under continuous batching and say
+    nothing about overload.
+    """
+    waiting = snapshot.queue_depth
+    per_replica = (policy.signals.queue_depth.target_waiting_per_replica
+                   if policy.signals.queue_depth else 1.0)
+    return (waiting is not None and _fresh(waiting, policy.stale_after_seconds)
+            and waiting.value > max(1.0, per_replica) * ready)
+
+
 def arrival_rate(
+    policy: model.ScalePolicySpec,
     *,
     snapshot: types.SignalSnapshot,
     replicas_per_request_rate: float | None,
-    stale_after_s: float,
+    ready: int,
 ) -> SignalOpinion | None:
-    """Requests/s x the learned load of one request/s: demand that does not saturate.
+    """Under overload, requests/s x the learned load of one request/s.
 
     Measured throughput (tokens/s, requests running) cannot exceed the replicas serving
-    it, so under overload it reads the capacity, not the demand; the arrival rate (from
-    the gateway or the stream's sequence numbers) keeps counting. Only once the load of a
-    request has been learned (see decide._learn_load_per_request); otherwise None.
-    Example: 40 req/s x 0.127 replicas per req/s = 5.1 -> 6 replicas.
+    it, so when the model is saturated it reads the capacity, not the demand; the arrival
+    rate (from the gateway or the stream's sequence numbers) keeps counting. Only then,
+    and once the load of a request has been learned (see decide._learn_load_per_request):
+    unsaturated, throughput is the better measure and a second estimate would only add
+    noise to the max. Example: 40 req/s x 0.127 replicas per req/s = 5.1 -> 6 replicas.
     """
     rate = snapshot.arrival_rate
-    if replicas_per_request_rate is None or not _fresh(rate, stale_after_s) or rate is None:
+    if (replicas_per_request_rate is None or rate is None
+            or not _fresh(rate, policy.stale_after_seconds)
+            or not saturated(policy, snapshot=snapshot, ready=ready)):
         return None
     demand = rate.value * replicas_per_request_rate
     return _opinion("arrival_rate", value=rate, fresh=True, demand=demand,
