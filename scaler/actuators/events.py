@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ class EventRecorder:
         self.posted = 0
 
     def _now(self) -> float:
-        return self._monotonic() if self._monotonic else asyncio.get_running_loop().time()
+        return timefmt.loop_now(self._monotonic)
 
     def _take(self, key: str) -> bool:
         now = self._now()

@@ -52,7 +52,7 @@ class LeaseElector:
                 f"/leases/{self.settings.name}")
 
     def _now(self) -> float:
-        return self._monotonic() if self._monotonic else asyncio.get_running_loop().time()
+        return timefmt.loop_now(self._monotonic)
 
     @property
     def is_leader(self) -> bool:

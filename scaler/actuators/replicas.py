@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scaler.actuators import base, resources
+from scaler.actuators import base, resources, timefmt
 from scaler.actuators import client as kube
 from scaler.actuators import events as kube_events
 from scaler.actuators import settings as kube_settings
@@ -57,7 +56,7 @@ class KubeReplicaActuator:
         self._announced: set[tuple[str, str]] = set()
 
     def _now(self) -> float:
-        return self._monotonic() if self._monotonic else asyncio.get_running_loop().time()
+        return timefmt.loop_now(self._monotonic)
 
     async def _list_refs(self, path: str, label: str, *, optional: bool
                          ) -> list[tuple[str, dict[str, object]]]:

@@ -1,7 +1,8 @@
-"""Kubernetes timestamps: Time (RFC 3339, seconds) and MicroTime, epoch <-> text."""
+"""Time for the Kubernetes adapters: Time/MicroTime text <-> epoch, and the loop clock."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import Callable
 
@@ -30,3 +31,8 @@ def parse_time(value: object) -> float | None:
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=dt.UTC)
     return parsed.timestamp()
+
+
+def loop_now(injected: Callable[[], float] | None) -> float:
+    """Monotonic seconds: the injected clock (tests), else the running event loop's clock."""
+    return injected() if injected is not None else asyncio.get_running_loop().time()
