@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scaler.actuators import base, events, replicas, state  # noqa: E402
+from scaler.actuators import base, cluster_reader, events, replicas  # noqa: E402
 from scaler.actuators import settings as kube_settings  # noqa: E402
 from scaler.engine import types  # noqa: E402
 from scaler.policy import model  # noqa: E402
@@ -89,10 +89,10 @@ async def main(applies: int, models: int) -> None:
         print(f"apply (unchanged): {quantiles(latencies)}")
 
         assert kube.emulator is not None
-        reader = state.KubeClusterReader(kube.api, settings=settings, wall_clock=time.time)
+        reader = cluster_reader.KubeClusterReader(kube.api, settings=settings, wall_clock=time.time)
         await reader.start()
         try:
-            await reader.wait_synced()
+            await reader.wait_synced(kube.namespace)
             pods = kube.emulator.resource("", "pods")
             latencies = []
             for i in range(200):
@@ -101,7 +101,7 @@ async def main(applies: int, models: int) -> None:
                 kube.emulator.store.create(pods, kube.namespace,
                                            {"metadata": {"name": name}, "spec": {}})
                 key = f"{kube.namespace}/{name}"
-                while key not in reader.pods.objects:
+                while key not in reader.pods[kube.namespace].objects:
                     await asyncio.sleep(0)
                 latencies.append(time.perf_counter() - t0)
             print(f"watch propagation: {quantiles(latencies)}")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scaler.signals import base, connection, messages, nats_core, store  # noqa: E402
+from scaler.signals import connection, messages, nats_core, samples, store  # noqa: E402
 from scaler.testing import nats_server  # noqa: E402
 
 PREFIX = "scaler.signals"
@@ -91,8 +91,8 @@ class TimingSink:
         self.messages = 0
         self.cpu_s = 0.0
 
-    def put(self, samples: Sequence[base.Sample]) -> None:
-        self.store.put(samples)
+    def put(self, batch: Sequence[samples.Sample]) -> None:
+        self.store.put(batch)
         now = time.time()
         if self.first is None:
             self.first = now
@@ -164,7 +164,7 @@ def micro(models: int) -> tuple[float, float]:
     n = 50_000
     now = time.time()
     bodies = [body(i % models, now) for i in range(n)]
-    route = messages.Route(known=frozenset(f"{NAMESPACE}/model-{m}" for m in range(models)))
+    route = messages.Route(models={f"{NAMESPACE}/model-{m}": 30.0 for m in range(models)})
     start = time.perf_counter()
     parsed = [messages.parse(b, now=now, route=route) for b in bodies]
     parse_us = (time.perf_counter() - start) / n * 1e6

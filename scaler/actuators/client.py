@@ -14,6 +14,7 @@ import aiohttp
 from kubernetes_asyncio import client, config
 
 from scaler.actuators import settings as kube_settings
+from scaler.core import backoff as core_backoff
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,8 @@ class KubeApi:
                 if error.status == 429 and error.retry_after is not None:
                     delay = min(error.retry_after, self.retry.max_retry_after_s)
                 else:
-                    delay = self.retry.backoff(attempt, self.rng.random())
+                    delay = core_backoff.delay_s(
+                        self.retry, retry=attempt, jitter=self.rng.random())
                 log.info("kube %s %s: %s; retry %d in %.2f s", method, path, error, attempt,
                          delay)
                 await self.sleep(delay)

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 
 from scaler.actuators import client as kube
 from scaler.actuators import settings as kube_settings
+from scaler.core import backoff as core_backoff
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class Informer:
         self.synced = asyncio.Event()
         self.lists = 0
         self.watches = 0
+        self.last_error: kube.KubeError | None = None  # of the last failed list or watch
 
     def _notify(self, kind: str, obj: kube.Obj) -> None:
         if self.on_change is not None:
@@ -108,7 +110,9 @@ class Informer:
             except kube.KubeError as error:
                 relist = relist or error.gone  # a failed list is listed again
                 failures += 1
+                self.last_error = error
                 log.info("watch %s failed: %s", self.path, error)
             if failures > 1:
-                delay = self.settings.retry.backoff(min(failures - 1, 10), self._rng.random())
+                delay = core_backoff.delay_s(
+                    self.settings.retry, retry=failures - 1, jitter=self._rng.random())
                 await self._sleep(delay)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from scaler.actuators import base, events, leader, nodepool, replicas, state, timefmt
+from scaler.actuators import base, cluster_reader, events, leader, nodepool, replicas, timefmt
 from scaler.actuators import client as kube
 from scaler.actuators import settings as kube_settings
+from scaler.policy import model
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +22,7 @@ class KubeAdapters:
     runs `leader.run()` as a supervised task; `close()` releases the Lease and the client."""
 
     api: kube.KubeApi
-    reader: state.KubeClusterReader
+    reader: cluster_reader.KubeClusterReader
     replicas: replicas.KubeReplicaActuator
     leader: base.LeaderElector
     recorder: events.EventRecorder
@@ -28,6 +30,10 @@ class KubeAdapters:
 
     async def start(self) -> None:
         await self.reader.start()
+
+    async def update(self, policies: Iterable[model.ScalePolicy]) -> None:
+        """A new policy set: pods are watched in its namespaces only (see the reader)."""
+        await self.reader.update(policies)
 
     async def close(self) -> None:
         await self.reader.stop()
@@ -52,15 +58,21 @@ async def connect(settings: kube_settings.KubeSettings, *, identity: str,
                                     instance=identity)
     if settings.dry_run:
         log.warning("dry-run: decisions are computed and logged, nothing is patched")
+    pools: dict[str, base.NodePoolActuator] = {
+        "clusterapi": nodepool.ClusterApiActuator(api, settings=settings, leader=elector)}
+    if settings.placeholder.enabled:
+        pools["placeholder"] = nodepool.PlaceholderActuator(api, settings=settings,
+                                                            leader=elector)
+    else:
+        # Least privilege: without the switch the scaler creates no Deployment anywhere.
+        log.info("placeholder node-pool actuator off (kube.placeholder.enabled): pools "
+                 "naming it are planned and reported only")
     return KubeAdapters(
         api=api,
-        reader=state.KubeClusterReader(api, settings=settings, wall_clock=wall_clock),
+        reader=cluster_reader.KubeClusterReader(api, settings=settings, wall_clock=wall_clock),
         replicas=replicas.KubeReplicaActuator(api, settings=settings, recorder=recorder,
                                               leader=elector),
         leader=elector,
         recorder=recorder,
-        pools={
-            "placeholder": nodepool.PlaceholderActuator(api, settings=settings, leader=elector),
-            "clusterapi": nodepool.ClusterApiActuator(api, settings=settings, leader=elector),
-        },
+        pools=pools,
     )

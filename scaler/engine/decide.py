@@ -3,24 +3,30 @@
 Pure: no I/O, no clock, no asyncio. The same function runs in the service and the
 simulator. The caller keeps the returned state once the decision is applied (or logged
 in dry-run); if applying fails, it keeps the old state and decides again.
+
+`decide` is a pipeline of named steps (`types.StepName`) over a resolved policy
+(`spec.EngineSpec`); each step reads and extends one draft and records what it made of
+the count, so a rule can be read, tested and changed alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from scaler.engine import forecast, recommend, stabilize, types
+from scaler.engine import spec as engine_spec
 from scaler.policy import model
 
-# Recommendations that measure capacity needed (and so get the tolerance band), as opposed
-# to the queue and latency guards, which measure pressure.
-_CAPACITY = frozenset({"concurrency", "tokens_per_second", "arrival_rate", "forecast"})
+Rule = types.Rule
+Kind = types.OpinionKind
+ClampName = types.ClampName
 
 
 def decide(
-    policy: model.ScalePolicy,
+    policy: model.ScalePolicy | engine_spec.EngineSpec,
     *,
     snapshot: types.SignalSnapshot,
     cluster: types.ClusterState,
@@ -28,166 +34,245 @@ def decide(
     now: float,
 ) -> tuple[types.Decision, types.EngineState]:
     """Decide the replicas for one model at `now` (epoch seconds)."""
-    spec = policy.spec
-    current = cluster.current
-    opinions = recommend.all_opinions(spec, snapshot=snapshot, cluster=cluster)
-    demand_opinions = [o for o in opinions if not o.is_guard]
-    stale = [o.reason.name for o in demand_opinions if not o.reason.fresh]
-    notes: list[str] = []
-
-    # 1. Demand now, in fractional replicas: the max over the fresh capacity measures
-    #    (concurrency, tokens/s, and the arrival rate once the load of a request has been
-    #    learned). Queue pressure is left out of the trend: a queue builds
-    #    while capacity lags and drains once it arrives, so its swings are the scaler's
-    #    own echo, not a change in load. It is the demand only when nothing else is set.
-    capacity = [o for o in demand_opinions if o.reason.name != "queue_depth"] or demand_opinions
-    demand_values = [o.demand for o in capacity if o.demand is not None]
-    demand_now = max(demand_values) if demand_values else None
-
-    state = _learn_load_per_request(spec, snapshot=snapshot, cluster=cluster, state=state,
-                                    demand_now=demand_now)
-    arrival = recommend.arrival_rate(spec, snapshot=snapshot,
-                                     replicas_per_request_rate=state.replicas_per_request_rate,
-                                     ready=cluster.ready)
-    if arrival is not None and arrival.demand is not None:
-        opinions.append(arrival)
-        demand_now = max(demand_now or 0.0, arrival.demand)
-
-    # 2. Cold-start look-ahead.
-    times, state = forecast.learn_start_times(spec.cold_start, state=state,
-                                              observations=cluster.observations)
-    samples = state.demand
-    if demand_now is not None:
-        samples = (*samples, types.DemandSample(at=now, demand=demand_now))
-    samples = forecast.window(samples, now=now, seconds=spec.forecast.window_seconds)
-    fc = _forecast(spec, cluster=cluster, samples=samples, times=times, now=now,
-                   demand_now=demand_now)
-
-    # 3. The raw recommendation: the largest opinion (demand signals, the forecast and the
-    #    latency guard); with none, hold the current count.
-    candidates = [(o.replicas, o.reason.name, o.demand) for o in opinions
-                  if o.replicas is not None and o.demand is not None]
-    if fc is not None and spec.forecast.enabled and fc.replicas_at_ready > 0:
-        candidates.append((fc.replicas_at_ready, "forecast", fc.demand_at_ready))
-    winner: str | None
-    if candidates:
-        # On a tie the signal, not the forecast, is named: it is the plainer reason.
-        raw, winner, raw_demand = max(candidates, key=lambda c: (c[0], c[1] != "forecast"))
-        # The HPA's tolerance: a capacity measure within 10 % of the current count changes
-        # nothing, so demand hovering at a boundary (5.9, 6.1, 5.8 replicas) does not
-        # flap the count. The queue and latency guards are exempt: they act on pressure.
-        tolerance = spec.behavior.tolerance
-        if (winner in _CAPACITY and current > 0 and raw != current
-                and abs(raw_demand / current - 1) <= tolerance):
-            notes.append(f"{winner} at {raw_demand:.2f} replicas is within "
-                         f"{tolerance:.0%} of {current}: no change")
-            raw = max([current] + [r for r, name, _ in candidates if name not in _CAPACITY])
-    else:
-        raw, winner = current, None
-        notes.append("no signal has an opinion: holding the current count")
-    if stale and winner is None:
-        notes.append("stale or missing: " + ", ".join(stale))
-    # 4. Backlog: no node boots for a queue that the replicas on hand will drain first.
-    clamps: list[types.Clamp] = []
-    cap = _backlog_cap(spec, snapshot=snapshot, cluster=cluster, state=state,
-                       node_ready_s=times.pod_start_s + times.node_boot_s)
-    if cap is not None and raw > cap.replicas:
-        clamps.append(types.Clamp("backlog", raw, cap.replicas, cap.detail))
-        raw = cap.replicas
-    if cap is not None and fc is not None and fc.replicas_at_node_ready > cap.replicas:
-        # Node headroom follows the same rule: no node is prepared for the backlog either.
-        fc = dataclasses.replace(fc, replicas_at_node_ready=cap.replicas)
-
-    # 5. Stabilization (HPA semantics) and rate limits. A fresh state (first decision, or
-    #    a restarted service) seeds the down window with the current count, as the HPA
-    #    does, so a restart never scales down before a full window of evidence.
-    if state.last_desired is None:
-        state = dataclasses.replace(
-            state, recommendations=(types.Recommendation(at=now, replicas=current),))
-    desired = stabilize.stabilize(spec.behavior, current=current, recommendation=raw,
-                                  history=state.recommendations, now=now)
-    if desired != raw:
-        window_name = "stabilization_down" if desired > raw else "stabilization_up"
-        seconds = (spec.behavior.scale_down if desired > raw else spec.behavior.scale_up
-                   ).stabilization_seconds
-        clamps.append(types.Clamp(window_name, raw, desired,
-                                  f"{seconds}s window keeps {desired}"))
-    if desired != current:
-        up = desired > current
-        direction = spec.behavior.scale_up if up else spec.behavior.scale_down
-        limit = stabilize.rate_limit(direction, up=up, current=current, events=state.events,
-                                     now=now)
-        if limit is not None and (desired > limit if up else desired < limit):
-            clamps.append(types.Clamp("rate_limit_up" if up else "rate_limit_down", desired,
-                                      limit, "behavior policies allow at most this change now"))
-            desired = limit
-
-    # 6. Safety: never down on stale or missing data. (Never below what is in flight holds
-    #    already: the concurrency signal counts running requests, and the max over
-    #    signals cannot fall below it.)
-    if desired < current and stale:
-        clamps.append(types.Clamp("hold_stale", desired, current,
-                                  "stale or missing: " + ", ".join(stale)))
-        desired = current
-
-    # 7. Bounds: min and warm floor below, max and GPU budget above (the cap wins).
-    desired = _bound(spec, cluster=cluster, desired=desired, now=now, clamps=clamps)
-
+    spec = policy if isinstance(policy, engine_spec.EngineSpec) else engine_spec.resolve(policy)
+    draft = Draft(spec=spec, snapshot=snapshot, cluster=cluster, state=state, now=now)
+    for name, step in PIPELINE:
+        detail = step(draft)
+        draft.steps.append(types.Step(name, draft.desired, detail))
     decision = types.Decision(
-        model=policy.key,
+        model=spec.key,
         at=now,
-        current=current,
-        desired=desired,
-        recommendation=raw if candidates else None,
-        winner=winner,
-        signals=tuple(o.reason for o in opinions),
-        clamps=tuple(clamps),
-        forecast=fc,
-        held=bool(stale),
-        notes=tuple(notes),
+        current=cluster.current,
+        desired=draft.count(),
+        recommendation=draft.raw,
+        winner=draft.winner,
+        signals=tuple(o.reason for o in draft.opinions),
+        clamps=tuple(draft.clamps),
+        forecast=draft.forecast,
+        held=bool(draft.stale),
+        notes=tuple(draft.notes),
+        steps=tuple(draft.steps),
     )
-    new_state = _remember(spec, state=state, raw=raw, decision=decision, samples=samples)
-    return decision, new_state
+    return decision, _remember(draft, decision)
 
 
-def _forecast(
-    spec: model.ScalePolicySpec,
-    *,
-    cluster: types.ClusterState,
-    samples: tuple[types.DemandSample, ...],
-    times: forecast.StartTimes,
-    now: float,
-    demand_now: float | None,
-) -> types.Forecast | None:
-    """Demand at the time a replica started now would be ready.
+@dataclass
+class Draft:
+    """The decision as the steps build it (local to one `decide` call: pure overall)."""
 
-    Time to ready = pod start (pull + load + readiness, learned when observed), plus a node
-    boot when the replicas to add do not fit on free GPUs. Example: a 70B TP8 replica with
-    no free node: 300 s boot + 120 s pull + 90 s load + 20 s readiness = 530 s; demand
-    rising 0.01 replicas/s over a 300 s window is then planned 0.01 x min(530, 300) = 3
-    replicas higher than now (never further ahead than the history seen).
+    spec: engine_spec.EngineSpec
+    snapshot: types.SignalSnapshot
+    cluster: types.ClusterState
+    state: types.EngineState
+    now: float
+    opinions: list[recommend.Opinion] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    clamps: list[types.Clamp] = field(default_factory=list)
+    steps: list[types.Step] = field(default_factory=list)
+    demand_now: float | None = None
+    times: forecast.StartTimes | None = None
+    samples: tuple[types.DemandSample, ...] = ()
+    forecast: types.Forecast | None = None
+    raw: int | None = None
+    winner: Rule | None = None
+    desired: int | None = None
+
+    def count(self) -> int:
+        """The count so far: the current one until a recommendation exists."""
+        return self.cluster.current if self.desired is None else self.desired
+
+    def clamp(self, name: ClampName, after: int, detail: str) -> None:
+        self.clamps.append(types.Clamp(name, self.count(), after, detail))
+        self.desired = after
+
+
+# -- the steps ------------------------------------------------------------------------
+
+
+def read_signals(draft: Draft) -> str:
+    """Each configured signal's opinion (concurrency, queue, tokens/s, latency guard)."""
+    draft.opinions = recommend.signal_opinions(draft.spec, snapshot=draft.snapshot,
+                                               cluster=draft.cluster)
+    draft.stale = [o.rule for o in draft.opinions
+                   if o.kind is not Kind.GUARD and not o.reason.fresh]
+    fresh = sum(1 for o in draft.opinions if o.reason.fresh)
+    return f"{fresh} of {len(draft.opinions)} signals fresh" + (
+        f"; stale or missing: {', '.join(draft.stale)}" if draft.stale else "")
+
+
+def estimate_load(draft: Draft) -> str:
+    """Demand now, in fractional replicas: the max over the fresh capacity measures.
+
+    Queue pressure is left out: a queue builds while capacity lags and drains once it
+    arrives, so its swings are the scaler's own echo, not a change in load. It is the
+    demand only when nothing else is set. Under overload the arrival rate joins, sized
+    by the load of one request learned while the model was not overloaded, and the
+    readings that count the backlog are held to load plus draining it (`size_for_load`).
     """
+    draft.times, draft.state = forecast.learn_start_times(
+        draft.spec, state=draft.state, observations=draft.cluster.observations)
+    flow = flow_balance(draft)
+    demand_now = _capacity_demand(draft.opinions)
+    draft.state = learn_load(draft.spec, snapshot=draft.snapshot, cluster=draft.cluster,
+                             state=draft.state, demand_now=demand_now)
+    per_rate = draft.state.replicas_per_request_rate
+    arrival = recommend.arrival_rate(draft.spec, snapshot=draft.snapshot,
+                                     replicas_per_request_rate=per_rate,
+                                     ready=draft.cluster.ready)
+    detail = ""
+    if arrival is not None and arrival.demand is not None and per_rate is not None:
+        draft.opinions.append(arrival)
+        detail = size_for_load(draft, load=arrival.demand, per_rate=per_rate)
+        demand_now = max(_capacity_demand(draft.opinions) or 0.0, arrival.demand)
+    draft.demand_now = demand_now
     if demand_now is None:
-        return None
-    to_add = max(1, recommend.ceil_replicas(demand_now) - cluster.ready - len(cluster.starting))
-    needs_node = cluster.free_replica_slots is not None and cluster.free_replica_slots < to_add
-    time_to_ready = times.pod_start_s + (times.node_boot_s if needs_node else 0.0)
-    # A trend needs half a window of history: 60 s of a 120 s window.
-    trend = forecast.fit_trend(samples, now=now, min_span_s=spec.forecast.window_seconds / 2)
-    if trend is None or not spec.forecast.enabled:
-        trend = forecast.Trend(level=demand_now, slope_per_s=0.0)
-    node_boot = 0.0 if needs_node else times.node_boot_s
-    at_ready = trend.at(time_to_ready)
-    at_node_ready = trend.at(time_to_ready + node_boot)
-    return types.Forecast(
-        time_to_ready_s=time_to_ready,
-        needs_node=needs_node,
-        demand_now=trend.level,
-        slope_per_s=trend.slope_per_s,
-        demand_at_ready=at_ready,
-        replicas_at_ready=recommend.ceil_replicas(at_ready),
-        replicas_at_node_ready=recommend.ceil_replicas(at_node_ready),
-    )
+        return "no demand signal"
+    return "; ".join(part for part in (f"demand {demand_now:.2f} replicas", flow, detail)
+                     if part)
+
+
+# The backlog's growth is fitted over this many seconds: long enough to see a trend through
+# the second-to-second swings of continuous batching, short enough to follow a step.
+FLOW_WINDOW_S = 30.0
+
+
+def flow_balance(draft: Draft) -> str:
+    """Where no source reports the arrival rate, estimate it from what replicas report.
+
+    Flow balance: what arrives either finishes or stays, so arrivals = completions/s +
+    the growth of the requests in the system (waiting + running) per second. Example:
+    replicas finish 13 req/s while waiting + running grows from 200 to 1,100 in 30 s:
+    13 + 30 = 43 req/s arrive. The estimate then feeds the same rules as a measured rate
+    (the load of a request, sizing for load and the backlog cap).
+    """
+    snapshot, now = draft.snapshot, draft.now
+    completed, waiting, running = (snapshot.completion_rate, snapshot.queue_depth,
+                                   snapshot.in_flight)
+    if (completed is None or not completed.fresh or waiting is None or not waiting.fresh
+            or running is None or not running.fresh):
+        draft.state = dataclasses.replace(draft.state, backlog=())
+        return ""
+    history = tuple(b for b in draft.state.backlog if b.at > now - FLOW_WINDOW_S)
+    history = (*history, types.BacklogSample(at=now, requests=waiting.value + running.value))
+    draft.state = dataclasses.replace(draft.state, backlog=history)
+    if snapshot.arrival_rate is not None and snapshot.arrival_rate.fresh:
+        return ""  # measured: nothing to estimate
+    growth = forecast.slope([(b.at, b.requests) for b in history]) or 0.0
+    estimate = max(0.0, completed.value + growth)
+    draft.snapshot = dataclasses.replace(snapshot, arrival_rate=types.SignalValue(
+        value=estimate, age_s=max(completed.age_s, waiting.age_s, running.age_s), fresh=True))
+    return (f"arrival rate by flow balance: {completed.value:.3g} finished/s "
+            f"{growth:+.3g}/s backlog = {estimate:.3g} req/s")
+
+
+def _capacity_demand(opinions: list[recommend.Opinion]) -> float | None:
+    demand_opinions = [o for o in opinions if o.kind is not Kind.GUARD]
+    capacity = [o for o in demand_opinions if o.kind is Kind.CAPACITY] or demand_opinions
+    values = [o.demand for o in capacity if o.demand is not None]
+    return max(values) if values else None
+
+
+# The backlog is to be drained by the time replicas started now are ready plus one SLO
+# window (60 s, the window p95 is judged over): sooner is impossible with new replicas,
+# later keeps missing windows.
+DRAIN_WINDOW_S = 60.0
+
+
+BACKLOG_READINGS = frozenset({Rule.CONCURRENCY, Rule.QUEUE_DEPTH, Rule.P95_LATENCY})
+"""Opinions that read the backlog while a model is overloaded: the requests waiting and
+running, and the latency guard (whose waits are the backlog's)."""
+
+
+def size_for_load(draft: Draft, *, load: float, per_rate: float) -> str:
+    """Size for load, not backlog: the readings that count waiting requests (and the
+    latency guard, which reads their waits) are held to the replicas the arrivals need
+    plus those that drain the backlog in time: that is what restores the SLO.
+
+    At a step one saturated replica's queue and running count grow with the backlog, not
+    with the load: queue pressure asked for 24 replicas where 3 carried the new rate.
+    Load = requests/s x replicas per request/s; draining Q waiting within T seconds takes
+    Q x (replicas per request/s) / T more, T = pod start + DRAIN_WINDOW_S. Example: 44
+    req/s x 0.1 = 4.4 replicas, 830 waiting, T = 105 + 60 s: 830 x 0.1 / 165 = 0.5 more:
+    5 replicas, where the queue alone read 104.
+    """
+    waiting = draft.snapshot.queue_depth
+    times = draft.times
+    if waiting is None or not waiting.fresh or times is None:
+        return ""
+    drain_s = times.pod_start_s + DRAIN_WINDOW_S
+    cap = load + waiting.value * per_rate / drain_s
+    why = (f"held to load {load:.2f} + draining {waiting.value:g} waiting in "
+           f"{drain_s:.0f} s = {cap:.2f} replicas")
+    capped = False
+    for index, held in enumerate(draft.opinions):
+        if (held.rule in BACKLOG_READINGS and held.demand is not None
+                and held.demand > cap):
+            draft.opinions[index] = held.capped(cap, why)
+            capped = True
+    return why if capped else ""
+
+
+def look_ahead(draft: Draft) -> str:
+    """Cold-start look-ahead: learned start times, the demand trend, demand when ready."""
+    spec = draft.spec
+    samples = draft.state.demand
+    if draft.demand_now is not None:
+        samples = (*samples, types.DemandSample(at=draft.now, demand=draft.demand_now))
+    draft.samples = forecast.window(samples, now=draft.now, seconds=spec.forecast_window_s)
+    draft.state = forecast.check_forecast(draft.state, now=draft.now,
+                                          demand_now=draft.demand_now)
+    draft.forecast = _forecast(draft)
+    fc = draft.forecast
+    if fc is None:
+        return "no demand to forecast"
+    if spec.forecast_enabled:
+        draft.state = forecast.register_forecast(draft.state, fc, now=draft.now)
+    trust = "" if fc.horizon_scale >= 0.999 else f", {fc.horizon_scale:.0%} of the trend " \
+        "trusted after past overshoots"
+    kind = "; a step, not a ramp" if fc.step else ""
+    return (f"ready in {fc.time_to_ready_s:.0f} s: demand {fc.demand_now:.2f} -> "
+            f"{fc.demand_at_ready:.2f} replicas{trust}{kind}")
+
+
+def recommend_replicas(draft: Draft) -> str:
+    """The largest opinion (signals, forecast, latency guard); none: hold the current count.
+
+    The HPA's tolerance: a capacity measure within 10 % of the current count changes
+    nothing, so demand hovering at a boundary (5.9, 6.1, 5.8 replicas) does not flap the
+    count. The queue and latency guards are exempt: they act on pressure.
+    """
+    current, spec = draft.cluster.current, draft.spec
+    demands: list[tuple[Rule, float]] = [
+        (o.rule, o.demand) for o in draft.opinions if o.demand is not None]
+    fc = draft.forecast
+    if fc is not None and spec.forecast_enabled and fc.replicas_at_ready > 0:
+        demands.append((Rule.FORECAST, fc.demand_at_ready))
+    if spec.headroom_replicas or spec.headroom_fraction:
+        # Spare capacity rides on the capacity measures (and their forecast), never on
+        # the queue and latency guards, which already measure a shortfall.
+        demands = [(rule, spec.with_headroom(demand) if rule.kind is Kind.CAPACITY
+                    else demand) for rule, demand in demands]
+        draft.notes.append(f"headroom: capacity demand x {1 + spec.headroom_fraction:g} "
+                           f"+ {spec.headroom_replicas} replicas")
+    candidates = [(recommend.ceil_replicas(demand), rule, demand) for rule, demand in demands]
+    if not candidates:
+        draft.raw, draft.winner, draft.desired = None, None, current
+        draft.notes.append("no signal has an opinion: holding the current count")
+        if draft.stale:
+            draft.notes.append("stale or missing: " + ", ".join(draft.stale))
+        return "no opinion: hold"
+    # On a tie the signal, not the forecast, is named: it is the plainer reason.
+    raw, winner, raw_demand = max(candidates, key=lambda c: (c[0], c[1] is not Rule.FORECAST))
+    tolerance = draft.spec.tolerance
+    if (winner.kind is Kind.CAPACITY and current > 0 and raw != current
+            and abs(raw_demand / current - 1) <= tolerance):
+        draft.notes.append(f"{winner} at {raw_demand:.2f} replicas is within "
+                           f"{tolerance:.0%} of {current}: no change")
+        raw = max([current] + [r for r, rule, _ in candidates
+                               if rule.kind is not Kind.CAPACITY])
+    draft.raw, draft.winner, draft.desired = raw, winner, raw
+    return f"{raw} replicas ({winner})"
 
 
 # Weight of a new observation in the learned load per request: about the last 10 s of
@@ -200,8 +285,230 @@ MIN_RATE = 0.5
 DRAIN_SAFETY = 2.0
 
 
-def _learn_load_per_request(
-    spec: model.ScalePolicySpec,
+def limit_backlog(draft: Draft) -> str:
+    """Boot no node for a backlog that capacity already there (or starting) will drain first.
+
+    A flash crowd builds a queue while new replicas start; the backlog signals (waiting,
+    running + waiting, p95) keep rising because capacity has not arrived yet, not because
+    load grew. Replicas beyond the free GPUs need a node boot and arrive minutes later,
+    after the backlog is gone, then sit out the down window. So while the model is
+    overloaded, the count may go past what exists or fits on free GPUs only as far as the
+    arrival rate needs (requests/s x the learned load of one), unless the backlog would
+    outlast a node boot at the spare capacity's drain rate.
+    Example: 1 ready + 7 starting, no free GPU, 40 req/s x 0.127 = 5.1 replicas needed,
+    3,000 waiting: spare (8 - 5.1) replicas drain 3,000 / (2.9 / 0.127) = 131 s < 330 s
+    to boot a node, so capped at 8 rather than the 32 the backlog asks for. A step that
+    the replicas on hand cannot carry (need >= ready + starting) is never held back.
+    Without an arrival rate or a learned load, no cap.
+    """
+    spec, snapshot, cluster, state = draft.spec, draft.snapshot, draft.cluster, draft.state
+    assert draft.times is not None
+    node_ready_s = draft.times.pod_start_s + draft.times.node_boot_s
+    rate = snapshot.arrival_rate
+    waiting = snapshot.queue_depth
+    per_rate = state.replicas_per_request_rate
+    if (draft.raw is None or cluster.free_replica_slots is None or per_rate is None
+            or per_rate <= 0 or rate is None or not rate.fresh or waiting is None
+            or not recommend.overloaded(spec, snapshot=snapshot, ready=cluster.ready)):
+        return "no backlog cap"
+    need = rate.value * per_rate
+    on_hand = cluster.ready + len(cluster.starting)
+    spare_rate = (on_hand - need) / per_rate          # requests/s beyond the arrivals
+    drain_s = DRAIN_SAFETY * waiting.value / spare_rate if spare_rate > 0 else math.inf
+    if drain_s >= node_ready_s:
+        return f"backlog outlasts a node boot ({node_ready_s:.0f} s): no cap"
+    cap = max(cluster.current, on_hand + cluster.free_replica_slots,
+              recommend.ceil_replicas(need))
+    detail = (f"{waiting.value:g} waiting drain in about {drain_s:.0f} s at "
+              f"{rate.value:.3g} req/s, before a node could boot ({node_ready_s:.0f} s): "
+              "no node for the backlog")
+    if draft.count() > cap:
+        draft.clamp(ClampName.BACKLOG, cap, detail)
+    fc = draft.forecast
+    if fc is not None and fc.replicas_at_node_ready > cap:
+        # Node headroom follows the same rule: no node is prepared for the backlog either.
+        draft.forecast = dataclasses.replace(fc, replicas_at_node_ready=cap)
+    return f"capped at {cap}"
+
+
+def stabilize_count(draft: Draft) -> str:
+    """HPA stabilization windows. A fresh state (first decision, or a restarted service)
+    seeds the down window with the current count, as the HPA does, so a restart never
+    scales down before a full window of evidence."""
+    if draft.raw is None:
+        return "nothing to stabilize"
+    current = draft.cluster.current
+    behavior = draft.spec.behavior
+    if draft.state.last_desired is None:
+        draft.state = dataclasses.replace(draft.state, recommendations=(
+            types.Recommendation(at=draft.now, replicas=current),))
+    hold = ""
+    if draft.spec.restart_aware:
+        seconds, hold = restart_hold(draft)
+        behavior = behavior.model_copy(update={"scale_down": behavior.scale_down.model_copy(
+            update={"stabilization_seconds": seconds})})
+    desired = stabilize.stabilize(behavior, current=current, recommendation=draft.raw,
+                                  history=draft.state.recommendations, now=draft.now)
+    if desired == draft.raw:
+        return "within the windows" + (f"; {hold}" if hold else "")
+    down = desired > draft.raw
+    seconds = (behavior.scale_down if down else behavior.scale_up).stabilization_seconds
+    window = "down" if down else "up"
+    draft.clamp(ClampName.STABILIZATION_DOWN if down else ClampName.STABILIZATION_UP, desired,
+                f"{seconds}s window keeps {desired}")
+    return f"the {window} window keeps {desired}"
+
+
+# A return counts when demand comes back to this share of the count held at the drop.
+RETURN_SHARE = 0.9
+# Weight of a new return gap in the smoothed one (about the last three returns matter).
+RETURN_WEIGHT = 0.5
+# A learned gap is held for with this margin (returns come a little early or late).
+RETURN_MARGIN = 1.25
+
+
+def restart_hold(draft: Draft) -> tuple[int, str]:
+    """How long to hold replicas the load no longer needs, weighing a restart.
+
+    Holding an idle replica for T seconds costs T GPU-seconds; releasing it and starting
+    one again when load returns costs its pod start (GPU time allocated while it pulls and
+    loads) and the SLO risk of that start. Without knowing when load returns, holding for
+    one pod start and then releasing never costs more than twice the best choice in
+    hindsight (the ski-rental rule). Once the model has seen load come back after drops,
+    a return within the policy's window is held for (gap x 1.25): the start it avoids is
+    the one that would miss the SLO. The window stays the longest hold. Example, 8B at a
+    105 s pod start and a 300 s window: no return seen -> hold 105 s; load came back
+    after 180 s before -> hold 225 s; after 600 s -> 105 s.
+    """
+    spec, state, now = draft.spec, draft.state, draft.now
+    window = spec.behavior.scale_down.stabilization_seconds
+    current, demand = draft.cluster.current, draft.demand_now
+    if demand is not None and current > 0:
+        if state.drop_at is None and demand < RETURN_SHARE * current:
+            state = dataclasses.replace(state, drop_at=now, drop_level=current)
+        elif state.drop_at is not None and demand >= RETURN_SHARE * state.drop_level:
+            seen = now - state.drop_at
+            learned = (seen if state.return_gap_s is None
+                       else state.return_gap_s + RETURN_WEIGHT * (seen - state.return_gap_s))
+            state = dataclasses.replace(state, drop_at=None, return_gap_s=learned)
+        draft.state = state
+    assert draft.times is not None
+    pod_start = draft.times.pod_start_s
+    gap = state.return_gap_s
+    if gap is not None and gap * RETURN_MARGIN <= window:
+        seconds = max(pod_start, gap * RETURN_MARGIN)
+        why = f"load came back after {gap:.0f} s: hold {seconds:.0f} s"
+    else:
+        seconds = pod_start
+        why = f"hold idle replicas {seconds:.0f} s, one pod start"
+    return min(window, math.ceil(seconds)), why
+
+
+def rate_limit(draft: Draft) -> str:
+    """The behavior's rate-limit policies (HPA semantics), from each period's start."""
+    current, desired = draft.cluster.current, draft.count()
+    if desired == current:
+        return "no change to limit"
+    up = desired > current
+    behavior = draft.spec.behavior
+    limit = stabilize.rate_limit(behavior.scale_up if up else behavior.scale_down, up=up,
+                                 current=current, events=draft.state.events, now=draft.now)
+    if limit is not None and (desired > limit if up else desired < limit):
+        draft.clamp(ClampName.RATE_LIMIT_UP if up else ClampName.RATE_LIMIT_DOWN, limit,
+                    "behavior policies allow at most this change now")
+        return f"at most {limit} now"
+    return "within the rate limits"
+
+
+def hold_on_stale(draft: Draft) -> str:
+    """Never down on stale or missing data. (Never below what is in flight holds already:
+    the concurrency signal counts running requests, and the max cannot fall below it.)"""
+    current = draft.cluster.current
+    if draft.count() < current and draft.stale:
+        draft.clamp(ClampName.HOLD_STALE, current, "stale or missing: " + ", ".join(draft.stale))
+        return f"held at {current}: a signal is stale"
+    return "no scale-down on stale data"
+
+
+def bound(draft: Draft) -> str:
+    """min and warm floor below, max and GPU budgets above (the cap wins)."""
+    spec = draft.spec
+    floor, warm = spec.floor_at(draft.now)
+    name = ClampName.WARM_FLOOR if warm else ClampName.MIN
+    if draft.count() < floor:
+        draft.clamp(name, floor, f"{name} is {floor}")
+    per_replica = spec.gpus_per_replica
+    caps = [(spec.max_replicas, ClampName.MAX, f"replicas.max is {spec.max_replicas}")]
+    if spec.budget_gpus is not None:
+        caps.append((spec.budget_gpus // per_replica, ClampName.BUDGET,
+                     f"budget of {spec.budget_gpus} GPUs"))
+    if draft.cluster.budget_gpus is not None:
+        caps.append((draft.cluster.budget_gpus // per_replica, ClampName.EXTERNAL_BUDGET,
+                     f"tenant or pool budget of {draft.cluster.budget_gpus} GPUs"))
+    for cap, cap_name, detail in caps:
+        if draft.count() > cap:
+            draft.clamp(cap_name, cap, detail)
+    return f"between {floor} and {min(cap for cap, _, _ in caps)}"
+
+
+PIPELINE: tuple[tuple[types.StepName, Callable[[Draft], str]], ...] = (
+    (types.StepName.SIGNALS, read_signals),
+    (types.StepName.LOAD, estimate_load),
+    (types.StepName.LOOK_AHEAD, look_ahead),
+    (types.StepName.RECOMMEND, recommend_replicas),
+    (types.StepName.BACKLOG, limit_backlog),
+    (types.StepName.STABILIZE, stabilize_count),
+    (types.StepName.RATE_LIMIT, rate_limit),
+    (types.StepName.SAFETY, hold_on_stale),
+    (types.StepName.BOUNDS, bound),
+)
+"""The steps in order; `decide` runs them and records each in `Decision.steps`."""
+
+
+# -- helpers of the steps ---------------------------------------------------------------
+
+
+def _forecast(draft: Draft) -> types.Forecast | None:
+    """Demand at the time a replica started now would be ready.
+
+    Time to ready = pod start (pull + load + readiness, learned when observed), plus a node
+    boot when the replicas to add do not fit on free GPUs. Example: a 70B TP8 replica with
+    no free node: 300 s boot + 120 s pull + 90 s load + 20 s readiness = 530 s; demand
+    rising 0.01 replicas/s over a 300 s window is then planned 0.01 x min(530, 300) = 3
+    replicas higher than now (never further ahead than the history seen).
+    """
+    demand_now, cluster, times, spec = draft.demand_now, draft.cluster, draft.times, draft.spec
+    if demand_now is None or times is None:
+        return None
+    to_add = max(1, recommend.ceil_replicas(demand_now) - cluster.ready - len(cluster.starting))
+    needs_node = cluster.free_replica_slots is not None and cluster.free_replica_slots < to_add
+    time_to_ready = times.pod_start_s + (times.node_boot_s if needs_node else 0.0)
+    # A trend needs half a window of history: 60 s of a 120 s window.
+    trend = forecast.fit_trend(draft.samples, now=draft.now,
+                               min_span_s=spec.forecast_window_s / 2)
+    if trend is None or not spec.forecast_enabled:
+        trend = forecast.Trend(level=demand_now, slope_per_s=0.0)
+    node_boot = 0.0 if needs_node else times.node_boot_s
+    # The look-ahead checks itself: only the share of the trend that came true lately.
+    scale = draft.state.horizon_scale
+    trusted = dataclasses.replace(trend, slope_per_s=trend.slope_per_s * scale)
+    at_ready = recommend.bounded(trusted.at(time_to_ready))
+    at_node_ready = recommend.bounded(trusted.at(time_to_ready + node_boot))
+    return types.Forecast(
+        time_to_ready_s=time_to_ready,
+        needs_node=needs_node,
+        demand_now=trend.level,
+        slope_per_s=trend.slope_per_s,
+        demand_at_ready=at_ready,
+        replicas_at_ready=recommend.ceil_replicas(at_ready),
+        replicas_at_node_ready=recommend.ceil_replicas(at_node_ready),
+        horizon_scale=scale,
+        step=trend.step,
+    )
+
+
+def learn_load(
+    spec: engine_spec.EngineSpec,
     *,
     snapshot: types.SignalSnapshot,
     cluster: types.ClusterState,
@@ -210,17 +517,18 @@ def _learn_load_per_request(
 ) -> types.EngineState:
     """Learn how many replicas one request per second needs, while that can be seen.
 
-    Only when there is an arrival rate and the model is not saturated (at most one request
-    waiting per ready replica): then demand is load, not backlog. Example: 5 req/s with
-    demand 0.68 replicas -> 0.136 replicas per req/s, so a jump to 40 req/s needs 5.4.
+    Only when there is an arrival rate and the model is not overloaded (at most its
+    overload bound waiting per ready replica): then demand is load, not backlog. Example:
+    5 req/s with demand 0.68 replicas -> 0.136 replicas per req/s, so a jump to 40 req/s
+    needs 5.4.
     """
     rate = snapshot.arrival_rate
     waiting = snapshot.queue_depth
-    if (demand_now is None or rate is None or rate.age_s > spec.stale_after_seconds
+    if (demand_now is None or rate is None or not rate.fresh
             or not rate.value >= MIN_RATE or cluster.ready == 0 or waiting is None
-            or waiting.age_s > spec.stale_after_seconds):
+            or not waiting.fresh):
         return state
-    if recommend.saturated(spec, snapshot=snapshot, ready=cluster.ready):
+    if recommend.overloaded(spec, snapshot=snapshot, ready=cluster.ready):
         return state
     sample = demand_now / rate.value
     old = state.replicas_per_request_rate
@@ -228,102 +536,16 @@ def _learn_load_per_request(
     return dataclasses.replace(state, replicas_per_request_rate=learned)
 
 
-@dataclass(frozen=True, slots=True)
-class _Cap:
-    replicas: int
-    detail: str
-
-
-def _backlog_cap(
-    spec: model.ScalePolicySpec,
-    *,
-    snapshot: types.SignalSnapshot,
-    cluster: types.ClusterState,
-    state: types.EngineState,
-    node_ready_s: float,
-) -> _Cap | None:
-    """Boot no node for a backlog that capacity already there (or starting) will drain first.
-
-    A flash crowd builds a queue while new replicas start; the backlog signals (waiting,
-    running + waiting, p95) keep rising because capacity has not arrived yet, not because
-    load grew. Replicas beyond the free GPUs need a node boot and arrive minutes later,
-    after the backlog is gone, then sit out the down window. So while there is a backlog
-    (more waiting than ready replicas), the count may go past what exists or fits on free
-    GPUs only as far as the arrival rate needs (requests/s x the learned load of one),
-    unless the backlog would outlast a node boot at the spare capacity's drain rate.
-    Example: 1 ready + 7 starting, no free GPU, 40 req/s x 0.127 = 5.1 replicas needed,
-    3,000 waiting: spare (8 - 5.1) replicas drain 3,000 / (2.9 / 0.127) = 131 s < 330 s
-    to boot a node, so capped at 8 rather than the 32 the backlog asks for. A step that
-    the replicas on hand cannot carry (need >= ready + starting) is never held back.
-    Without an arrival rate or a learned load, no cap.
-    """
-    rate = snapshot.arrival_rate
-    waiting = snapshot.queue_depth
-    per_rate = state.replicas_per_request_rate
-    if (cluster.free_replica_slots is None or per_rate is None or per_rate <= 0
-            or rate is None or rate.age_s > spec.stale_after_seconds
-            or waiting is None
-            or not recommend.saturated(spec, snapshot=snapshot, ready=cluster.ready)):
-        return None
-    need = rate.value * per_rate
-    on_hand = cluster.ready + len(cluster.starting)
-    spare_rate = (on_hand - need) / per_rate          # requests/s beyond the arrivals
-    drain_s = DRAIN_SAFETY * waiting.value / spare_rate if spare_rate > 0 else math.inf
-    if drain_s >= node_ready_s:
-        return None
-    fast = on_hand + cluster.free_replica_slots
-    replicas = max(cluster.current, fast, recommend.ceil_replicas(need))
-    return _Cap(replicas, f"{waiting.value:g} waiting drain in about {drain_s:.0f} s at "
-                f"{rate.value:.3g} req/s, before a node could boot ({node_ready_s:.0f} s): "
-                "no node for the backlog")
-
-
-def _bound(
-    spec: model.ScalePolicySpec,
-    *,
-    cluster: types.ClusterState,
-    desired: int,
-    now: float,
-    clamps: list[types.Clamp],
-) -> int:
-    warm = spec.warm_floor.at(now)
-    floor, floor_name = (warm, "warm_floor") if warm > spec.replicas.min else (
-        spec.replicas.min, "min")
-    if desired < floor:
-        clamps.append(types.Clamp(floor_name, desired, floor, f"{floor_name} is {floor}"))
-        desired = floor
-    caps = [(spec.replicas.max, "max", f"replicas.max is {spec.replicas.max}")]
-    per_replica = spec.resources.gpus_per_replica
-    if spec.budget is not None:
-        caps.append((spec.budget.max_gpus // per_replica, "budget",
-                     f"budget of {spec.budget.max_gpus} GPUs"))
-    if cluster.budget_gpus is not None:
-        caps.append((cluster.budget_gpus // per_replica, "external_budget",
-                     f"tenant or pool budget of {cluster.budget_gpus} GPUs"))
-    for cap, name, detail in caps:
-        if desired > cap:
-            clamps.append(types.Clamp(name, desired, cap, detail))
-            desired = cap
-    return desired
-
-
-def _remember(
-    spec: model.ScalePolicySpec,
-    *,
-    state: types.EngineState,
-    raw: int,
-    decision: types.Decision,
-    samples: tuple[types.DemandSample, ...],
-) -> types.EngineState:
+def _remember(draft: Draft, decision: types.Decision) -> types.EngineState:
     """Keep only what the windows need: memory is bounded by time, not by call count."""
-    now = decision.at
-    behavior = spec.behavior
+    now, state, behavior = decision.at, draft.state, draft.spec.behavior
     keep_recs = max(behavior.scale_up.stabilization_seconds,
                     behavior.scale_down.stabilization_seconds)
     keep_events = max(
         [r.period_seconds for r in (*behavior.scale_up.policies, *behavior.scale_down.policies)]
         or [0]
     )
+    raw = decision.current if draft.raw is None else draft.raw
     recommendations = tuple(r for r in state.recommendations if r.at > now - keep_recs)
     recommendations = (*recommendations, types.Recommendation(at=now, replicas=raw))
     events = tuple(e for e in state.events if e.at > now - keep_events)
@@ -333,6 +555,6 @@ def _remember(
         state,
         recommendations=recommendations,
         events=events,
-        demand=samples,
+        demand=draft.samples,
         last_desired=decision.desired,
     )

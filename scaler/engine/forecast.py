@@ -7,8 +7,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from scaler.engine import spec as engine_spec
 from scaler.engine import types
-from scaler.policy import model
 
 # Weight of a new observation in the learned start time (exponential smoothing):
 # 0.3 means about the last 3 observations dominate, so one slow pull does not
@@ -19,6 +19,13 @@ LEARN_WEIGHT = 0.3
 # one-sided bound for a straight line through many points).
 TREND_CONFIDENCE = 2.0
 
+# A window is read as a step, not a ramp, when two flat levels explain it with less than
+# this share of the straight line's squared error. A noisy ramp never qualifies (its best
+# two-level fit leaves the ramp's own spread, R^2/48 per point, on top of the noise); a
+# one-off step of a few noise widths does, and then only the history after the step
+# counts for the slope: flat, so nothing is extrapolated through a node boot.
+STEP_FIT_RATIO = 0.5
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +35,7 @@ class StartTimes:
 
 
 def learn_start_times(
-    spec: model.ColdStart,
+    spec: engine_spec.EngineSpec,
     *,
     state: types.EngineState,
     observations: Sequence[types.ColdStartObservation],
@@ -37,7 +44,7 @@ def learn_start_times(
     pod = state.learned_pod_start_s
     node = state.learned_node_boot_s
     newest = state.last_observation_at
-    if spec.learn:
+    if spec.learn_start_times:
         for obs in sorted(observations, key=lambda o: o.ready_at):
             if obs.ready_at <= state.last_observation_at:
                 continue
@@ -47,8 +54,8 @@ def learn_start_times(
                         else node + LEARN_WEIGHT * (obs.node_boot_s - node))
             newest = max(newest, obs.ready_at)
     times = StartTimes(
-        pod_start_s=spec.pod_start_seconds if pod is None else pod,
-        node_boot_s=spec.node_boot_seconds if node is None else node,
+        pod_start_s=spec.pod_start_s if pod is None else pod,
+        node_boot_s=spec.node_boot_s if node is None else node,
     )
     if (pod, node, newest) == (state.learned_pod_start_s, state.learned_node_boot_s,
                                state.last_observation_at):
@@ -65,6 +72,7 @@ class Trend:
     level: float
     slope_per_s: float
     span_s: float = 0.0
+    step: bool = False
 
     def at(self, horizon_s: float) -> float:
         """Demand `horizon_s` ahead, extrapolated no further than the history observed.
@@ -104,11 +112,95 @@ def fit_trend(samples: Sequence[types.DemandSample], *, now: float, min_span_s: 
         return Trend(level=samples[-1].demand, slope_per_s=0.0, span_s=span)
     slope = sum((s.at - mean_t) * (s.demand - mean_d) for s in samples) / var_t
     residual = sum((s.demand - mean_d - slope * (s.at - mean_t)) ** 2 for s in samples)
+    split = _step_split(samples, line_residual=residual)
+    if split is not None:
+        # A step: the trend is that of the level after it (flat until it shows a slope).
+        after = fit_trend(samples[split:], now=now, min_span_s=min_span_s)
+        level = samples[-1].demand
+        return Trend(level=level, slope_per_s=0.0 if after is None else after.slope_per_s,
+                     span_s=0.0 if after is None else after.span_s, step=True)
     stderr = math.sqrt(residual / (n - 2) / var_t)
     kept = max(0.0, slope - TREND_CONFIDENCE * stderr)
     # Level: the demand seen now. The fitted line lags a fresh jump and leads a fresh
     # drop; the latest sample is what capacity must cover right now.
     return Trend(level=samples[-1].demand, slope_per_s=kept, span_s=span)
+
+
+# A forecast is checked only when it added at least this many replicas: smaller lifts are
+# within the noise of the demand they are compared with.
+MIN_CHECKED_LIFT = 0.5
+
+
+def check_forecast(
+    state: types.EngineState, *, now: float, demand_now: float | None
+) -> types.EngineState:
+    """Compare a due forecast with the demand that came, and trust the trend accordingly.
+
+    realized = (demand now - demand then) / (predicted - demand then), in [0, 1]; the
+    trusted share of the trend moves half way to it. A one-off step read as a ramp
+    predicted +4 replicas that never came: realized 0, the next forecasts use half the
+    slope, then a quarter. A real ramp realizes about 1 and keeps (or regains) all of it.
+    """
+    check = state.forecast_check
+    if check is None or now < check.due_at or demand_now is None:
+        return state
+    lift = check.predicted - check.base
+    realized = min(1.0, max(0.0, (demand_now - check.base) / lift)) if lift > 0 else 1.0
+    scale = 0.5 * state.horizon_scale + 0.5 * realized
+    return dataclasses.replace(state, forecast_check=None, horizon_scale=scale)
+
+
+def register_forecast(
+    state: types.EngineState, forecast: types.Forecast, *, now: float
+) -> types.EngineState:
+    """Keep a forecast that lifted demand, to check it when its time comes (one at a time:
+    bounded memory, and each check sees the effect of the last)."""
+    if state.forecast_check is not None:
+        return state
+    if forecast.demand_at_ready - forecast.demand_now < MIN_CHECKED_LIFT:
+        return state
+    return dataclasses.replace(state, forecast_check=types.ForecastCheck(
+        due_at=now + forecast.time_to_ready_s, base=forecast.demand_now,
+        predicted=forecast.demand_at_ready))
+
+
+def slope(points: Sequence[tuple[float, float]]) -> float | None:
+    """Least-squares slope of (t, value) points per second; None below two distinct times.
+
+    Example: 10, 12, 14 at t = 0, 1, 2 s -> 2.0 per second."""
+    if len(points) < 2:
+        return None
+    mean_t = math.fsum(t for t, _ in points) / len(points)
+    mean_v = math.fsum(v for _, v in points) / len(points)
+    spread = math.fsum((t - mean_t) ** 2 for t, _ in points)
+    if spread <= 0:
+        return None
+    return math.fsum((t - mean_t) * (v - mean_v) for t, v in points) / spread
+
+
+def _step_split(samples: Sequence[types.DemandSample], *, line_residual: float) -> int | None:
+    """Where a two-level (step) fit splits the samples, if it beats the line clearly.
+
+    O(n) with prefix sums: for each split k the squared error of two means is
+    sum(d^2) - (sum before)^2 / k - (sum after)^2 / (n - k). Each level needs 3 samples.
+    """
+    n = len(samples)
+    if n < 6 or line_residual <= 0:
+        return None
+    values = [s.demand for s in samples]
+    total, total_sq = math.fsum(values), math.fsum(v * v for v in values)
+    best, best_at, before = math.inf, None, 0.0
+    for k in range(1, n - 2):
+        before += values[k - 1]
+        if k < 3:
+            continue
+        after = total - before
+        error = total_sq - before * before / k - after * after / (n - k)
+        if error < best:
+            best, best_at = error, k
+    if best_at is None or best >= STEP_FIT_RATIO * line_residual:
+        return None
+    return best_at
 
 
 def window(

@@ -1,80 +1,103 @@
-"""Per-signal replica recommendations (DESIGN 3.1): each signal alone, in replicas."""
+"""Per-signal opinions (DESIGN 3.1): each signal alone, in replicas, with its kind."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
+from scaler.engine import spec as engine_spec
 from scaler.engine import types
-from scaler.policy import model
 
 # Fractional replica counts are rounded up, but float noise must not add a replica:
 # 96 requests / 48 per replica is 2.0000000000000004 after some arithmetic, not 3.
 _EPSILON = 1e-9
 
+MAX_DEMAND_REPLICAS = 1e6
+"""No opinion may ask for more: a million replicas of one model is past any fleet, so a
+larger figure is a broken input (1e300 in flight), and the cap keeps every later step's
+arithmetic finite (a trend through 1e300s would overflow)."""
+
 
 def ceil_replicas(value: float) -> int:
+    if not value < MAX_DEMAND_REPLICAS:  # also NaN
+        return int(MAX_DEMAND_REPLICAS)
     return max(0, math.ceil(value - _EPSILON))
 
 
+def bounded(demand: float) -> float:
+    """A demand in [0, MAX_DEMAND_REPLICAS]; NaN counts as the cap (never as zero)."""
+    if not demand < MAX_DEMAND_REPLICAS:
+        return MAX_DEMAND_REPLICAS
+    return max(0.0, demand)
+
+
 @dataclass(frozen=True, slots=True)
-class SignalOpinion:
-    """A signal's reading: `demand` in fractional replicas (None = no opinion)."""
+class Opinion:
+    """One rule's reading: `demand` in fractional replicas (None = no opinion)."""
 
     reason: types.SignalReason
     demand: float | None
-    is_guard: bool = False
+
+    @property
+    def rule(self) -> types.Rule:
+        return self.reason.name
+
+    @property
+    def kind(self) -> types.OpinionKind:
+        return self.reason.name.kind
 
     @property
     def replicas(self) -> int | None:
         return None if self.demand is None else ceil_replicas(self.demand)
 
-
-def _fresh(value: types.SignalValue | None, stale_after_s: float) -> bool:
-    return (
-        value is not None
-        and math.isfinite(value.value)
-        and value.value >= 0
-        and value.age_s <= stale_after_s
-    )
+    def capped(self, demand: float, why: str) -> Opinion:
+        """The same reading held to `demand`, the reason saying why."""
+        demand = bounded(demand)
+        reason = dataclasses.replace(self.reason, recommendation=ceil_replicas(demand),
+                                     detail=f"{self.reason.detail}; {why}")
+        return Opinion(reason=reason, demand=demand)
 
 
-def _opinion(
-    name: str,
+def _fresh(value: types.SignalValue | None) -> bool:
+    """Usable: present and fresh (freshness was decided when the snapshot was built)."""
+    return value is not None and value.fresh
+
+
+def opinion(
+    rule: types.Rule,
     *,
     value: types.SignalValue | None,
     fresh: bool,
     demand: float | None,
     detail: str,
-    is_guard: bool = False,
-) -> SignalOpinion:
-    """A signal's opinion with its reason; `demand` None means no opinion."""
+) -> Opinion:
+    """A rule's opinion with its reason; `demand` None means no opinion."""
+    if demand is not None:
+        demand = bounded(demand)
     reason = types.SignalReason(
-        name=name,
+        name=rule,
         value=None if value is None else value.value,
         age_s=None if value is None else value.age_s,
         fresh=fresh,
         recommendation=None if demand is None else ceil_replicas(demand),
         detail=detail,
     )
-    return SignalOpinion(reason=reason, demand=demand, is_guard=is_guard)
+    return Opinion(reason=reason, demand=demand)
 
 
-def _unusable(name: str, label: str, value: types.SignalValue | None, *,
-              is_guard: bool = False) -> SignalOpinion:
+def _unusable(rule: types.Rule, label: str, value: types.SignalValue | None) -> Opinion:
     """No opinion because the value is missing or stale."""
     detail = f"{label} missing" if value is None else f"{label} stale"
-    return _opinion(name, value=value, fresh=False, demand=None, detail=detail,
-                    is_guard=is_guard)
+    return opinion(rule, value=value, fresh=False, demand=None, detail=detail)
 
 
 def concurrency(
-    spec: model.ConcurrencySignal,
+    rule: engine_spec.ConcurrencyRule,
     *,
     snapshot: types.SignalSnapshot,
     cluster: types.ClusterState,
-    stale_after_s: float,
-) -> SignalOpinion:
+) -> Opinion:
     """ceil((waiting + running) / target): the capacity measure.
 
     It stays high while replicas are busy, so it does not collapse when the queue empties
@@ -85,27 +108,24 @@ def concurrency(
     Example: 30 running + 12 waiting at 48 per replica -> ceil(42 / 48) = 1 replica.
     """
     running, waiting = snapshot.in_flight, snapshot.queue_depth
-    running_fresh = _fresh(running, stale_after_s)
-    waiting_fresh = _fresh(waiting, stale_after_s)
     no_ready_replica = cluster.ready == 0
-    if running_fresh or (no_ready_replica and waiting_fresh):
-        parts = [v for v in (running, waiting) if v is not None and _fresh(v, stale_after_s)]
-        total = sum(v.value for v in parts)
-        demand = total / spec.target_per_replica
-        detail = f"({total:g} running+waiting) / {spec.target_per_replica:g} per replica"
-        combined = types.SignalValue(value=total, age_s=max(v.age_s for v in parts))
-        return _opinion("concurrency", value=combined, fresh=True, demand=demand,
-                        detail=detail)
-    return _unusable("concurrency", "in-flight count", running)
+    if _fresh(running) or (no_ready_replica and _fresh(waiting)):
+        parts = [v for v in (running, waiting) if v is not None and _fresh(v)]
+        total = math.fsum(v.value for v in parts)
+        detail = f"({total:g} running+waiting) / {rule.target_per_replica:g} per replica"
+        combined = types.SignalValue(value=total, age_s=max(v.age_s for v in parts),
+                                     fresh=True)
+        return opinion(types.Rule.CONCURRENCY, value=combined, fresh=True,
+                       demand=total / rule.target_per_replica, detail=detail)
+    return _unusable(types.Rule.CONCURRENCY, "in-flight count", running)
 
 
 def queue_depth(
-    spec: model.QueueDepthSignal,
+    rule: engine_spec.QueueRule,
     *,
     snapshot: types.SignalSnapshot,
     cluster: types.ClusterState,
-    stale_after_s: float,
-) -> SignalOpinion:
+) -> Opinion:
     """Queue pressure: waiting beyond the target per ready replica pushes up in proportion.
 
     ceil(waiting / target) replicas when waiting > target * ready; otherwise no opinion,
@@ -113,24 +133,24 @@ def queue_depth(
     Example: 40 waiting, 4 per replica, 2 ready -> 40 > 8, so 10 replicas.
     """
     waiting = snapshot.queue_depth
-    if not _fresh(waiting, stale_after_s) or waiting is None:
-        return _unusable("queue_depth", "queue depth", waiting)
-    allowed = spec.target_waiting_per_replica * cluster.ready
+    if not _fresh(waiting) or waiting is None:
+        return _unusable(types.Rule.QUEUE_DEPTH, "queue depth", waiting)
+    target = rule.target_waiting_per_replica
+    allowed = target * cluster.ready
     if waiting.value > allowed:
-        demand = waiting.value / spec.target_waiting_per_replica
-        detail = (f"{waiting.value:g} waiting > {allowed:g} allowed "
-                  f"({spec.target_waiting_per_replica:g} x {cluster.ready} ready)")
-        return _opinion("queue_depth", value=waiting, fresh=True, demand=demand, detail=detail)
-    return _opinion("queue_depth", value=waiting, fresh=True, demand=None,
-                    detail=f"{waiting.value:g} waiting within {allowed:g}: no opinion")
+        detail = f"{waiting.value:g} waiting > {allowed:g} allowed ({target:g} x " \
+                 f"{cluster.ready} ready)"
+        return opinion(types.Rule.QUEUE_DEPTH, value=waiting, fresh=True,
+                       demand=waiting.value / target, detail=detail)
+    return opinion(types.Rule.QUEUE_DEPTH, value=waiting, fresh=True, demand=None,
+                   detail=f"{waiting.value:g} waiting within {allowed:g}: no opinion")
 
 
 def tokens_per_second(
-    spec: model.TokensPerSecondSignal,
+    rule: engine_spec.TokensRule,
     *,
     snapshot: types.SignalSnapshot,
-    stale_after_s: float,
-) -> SignalOpinion:
+) -> Opinion:
     """Work in replicas: (generated / capacity + prompt / prompt capacity) / utilisation.
 
     A replica's time is split between decoding and prefilling, so each stream uses a share
@@ -141,115 +161,149 @@ def tokens_per_second(
     """
     generated = snapshot.tokens_per_second
     prompt = snapshot.prompt_tokens_per_second
-    parts = [("generated", generated, spec.capacity_per_replica)]
-    if spec.prompt_capacity_per_replica is not None:
-        parts.append(("prompt", prompt, spec.prompt_capacity_per_replica))
-    missing = [name for name, value, _ in parts if not _fresh(value, stale_after_s)]
+    parts = [("generated", generated, rule.capacity_per_replica)]
+    if rule.prompt_capacity_per_replica is not None:
+        parts.append(("prompt", prompt, rule.prompt_capacity_per_replica))
+    missing = [name for name, value, _ in parts if not _fresh(value)]
     if missing:
         detail = " and ".join(missing) + " tokens/s " + (
             "missing" if all(v is None for n, v, _ in parts if n in missing) else "stale")
-        return _opinion("tokens_per_second", value=generated, fresh=False, demand=None,
-                        detail=detail)
+        return opinion(types.Rule.TOKENS_PER_SECOND, value=generated, fresh=False,
+                       demand=None, detail=detail)
     shares = [(name, v.value, cap) for name, v, cap in parts if v is not None]
-    busy = sum(value / cap for _, value, cap in shares)
-    demand = busy / spec.target_utilization
+    busy = math.fsum(value / cap for _, value, cap in shares)
     detail = " + ".join(f"{value:g} {name} tok/s / {cap:g}" for name, value, cap in shares)
     combined = types.SignalValue(
-        value=sum(value for _, value, _ in shares),
+        value=math.fsum(value for _, value, _ in shares),
         age_s=max(v.age_s for _, v, _ in parts if v is not None),
+        fresh=True,
     )
-    return _opinion("tokens_per_second", value=combined, fresh=True, demand=demand,
-                    detail=f"({detail}) / {spec.target_utilization:g} utilisation")
+    return opinion(types.Rule.TOKENS_PER_SECOND, value=combined, fresh=True,
+                   demand=busy / rule.target_utilization,
+                   detail=f"({detail}) / {rule.target_utilization:g} utilisation")
 
 
-def saturated(policy: model.ScalePolicySpec, *, snapshot: types.SignalSnapshot, ready: int
-              ) -> bool:
-    """A queue beyond what the ready replicas should hold: throughput reads capacity, not load.
-
-    The bound is the queue-pressure target (`targetWaitingPerReplica` per ready replica,
-    1 without one): a few waiting requests are normal under continuous batching and say
-    nothing about overload.
-    """
+def overloaded(spec: engine_spec.EngineSpec, *, snapshot: types.SignalSnapshot, ready: int
+               ) -> bool:
+    """A queue beyond what the ready replicas should hold: throughput reads capacity, not
+    load (`EngineSpec.overload_waiting_per_replica` per ready replica)."""
     waiting = snapshot.queue_depth
-    per_replica = (policy.signals.queue_depth.target_waiting_per_replica
-                   if policy.signals.queue_depth else 1.0)
-    return (waiting is not None and _fresh(waiting, policy.stale_after_seconds)
-            and waiting.value > max(1.0, per_replica) * ready)
+    return (_fresh(waiting) and waiting is not None
+            and waiting.value > spec.overload_waiting_per_replica * ready)
 
 
 def arrival_rate(
-    policy: model.ScalePolicySpec,
+    spec: engine_spec.EngineSpec,
     *,
     snapshot: types.SignalSnapshot,
     replicas_per_request_rate: float | None,
     ready: int,
-) -> SignalOpinion | None:
+) -> Opinion | None:
     """Under overload, requests/s x the learned load of one request/s.
 
     Measured throughput (tokens/s, requests running) cannot exceed the replicas serving
-    it, so when the model is saturated it reads the capacity, not the demand; the arrival
+    it, so when the model is overloaded it reads the capacity, not the demand; the arrival
     rate (from the gateway or the stream's sequence numbers) keeps counting. Only then,
-    and once the load of a request has been learned (see decide._learn_load_per_request):
-    unsaturated, throughput is the better measure and a second estimate would only add
-    noise to the max. Example: 40 req/s x 0.127 replicas per req/s = 5.1 -> 6 replicas.
+    and once the load of a request has been learned (see decide.learn_load): unsaturated,
+    throughput is the better measure and a second estimate would only add noise to the
+    max. Example: 40 req/s x 0.127 replicas per req/s = 5.1 -> 6 replicas.
     """
     rate = snapshot.arrival_rate
-    if (replicas_per_request_rate is None or rate is None
-            or not _fresh(rate, policy.stale_after_seconds)
-            or not saturated(policy, snapshot=snapshot, ready=ready)):
+    if (replicas_per_request_rate is None or rate is None or not _fresh(rate)
+            or not overloaded(spec, snapshot=snapshot, ready=ready)):
         return None
-    demand = rate.value * replicas_per_request_rate
-    return _opinion("arrival_rate", value=rate, fresh=True, demand=demand,
-                    detail=f"{rate.value:.3g} req/s x {replicas_per_request_rate:.3g} "
-                    "replicas per req/s (learned)")
+    return opinion(types.Rule.ARRIVAL_RATE, value=rate, fresh=True,
+                   demand=rate.value * replicas_per_request_rate,
+                   detail=f"{rate.value:.3g} req/s x {replicas_per_request_rate:.3g} "
+                   "replicas per req/s (learned)")
+
+
+GUARD_QUANTILE = 0.95
+"""The guard's quantile: p95."""
+GUARD_MAX_STEP = 2.0
+"""The most the guard multiplies the ready replicas by in one decision. Waiting time grows
+steeply near saturation and falls as steeply once capacity is added: doubling the
+replicas of a saturated model takes it to half load, where queueing has all but
+vanished. A larger push buys replicas that arrive after the SLO is restored (the guard
+asked for 37 x ready when it read waits of a backlog already drained); later decisions
+can push again, counted from the replicas ready by then."""
 
 
 def p95_latency(
-    spec: model.P95LatencySignal,
+    rule: engine_spec.LatencyRule,
     *,
     snapshot: types.SignalSnapshot,
     cluster: types.ClusterState,
-    stale_after_s: float,
-) -> SignalOpinion:
-    """A guard: above the SLO, ready replicas x (p95 / SLO); below it, no opinion.
+    overload_waiting_per_replica: float,
+) -> Opinion:
+    """A guard that reads the present: above the SLO while requests still wait, push up.
 
-    Scaled from *ready* replicas, so replicas still starting are counted once they are
-    compared with the total: a slow start never makes the guard add yet another replica.
-    Example: p95 3.0 s against a 2.0 s SLO with 4 ready -> 4 x 1.5 = 6 replicas.
+    - Latency histograms are filled when first tokens (or answers) come out, so requests
+      that queued during a step report their waits after capacity arrived. The guard acts
+      only while the model is overloaded (more waiting than the ready replicas admit at
+      once, `EngineSpec.overload_waiting_per_replica` each): once the queue is back
+      within that, new requests start promptly and the long latencies read are of a
+      backlog already served (two minutes after one drained, the guard read 75 s).
+    - A violation must be certain from the buckets: the share of observations within the
+      SLO is bounded by the bucket edges around it (`Histogram.share_within`), and the
+      guard pushes only when even the upper bound is below 95 %. Interpolating across a
+      wide bucket that straddles the SLO overstates the p95 (with vLLM's (1, 2.5] bucket
+      and a 2 s SLO it read a violation in 99.5 % of decisions where the exact p95
+      exceeded 2 s in 50.6 %). Sources that send only a p95 are compared directly.
+    - The push is ready x min(p95 / SLO, GUARD_MAX_STEP), from *ready* replicas, so
+      replicas still starting never make it add yet another.
+    Example: p95 3.0 s against a 2.0 s SLO, 4 ready, 30 waiting -> 4 x 1.5 = 6 replicas.
     """
-    value = snapshot.p95_latency_s
-    if not _fresh(value, stale_after_s) or value is None:
-        return _unusable("p95_latency", "p95 latency", value, is_guard=True)
-    if value.value > spec.slo_seconds and cluster.ready > 0:
-        demand = cluster.ready * value.value / spec.slo_seconds
-        detail = (f"p95 {value.value:.3g}s > SLO {spec.slo_seconds:g}s: "
-                  f"{cluster.ready} ready x {value.value / spec.slo_seconds:.2f}")
-        return _opinion("p95_latency", value=value, fresh=True, demand=demand, detail=detail,
-                        is_guard=True)
-    return _opinion("p95_latency", value=value, fresh=True, demand=None, is_guard=True,
-                    detail=f"p95 {value.value:.3g}s within SLO {spec.slo_seconds:g}s")
+    value = snapshot.p95_latency
+    if not _fresh(value) or value is None:
+        return _unusable(types.Rule.P95_LATENCY, "p95 latency", value)
+    slo = rule.slo_s
+
+    def no_push(detail: str) -> Opinion:
+        return opinion(types.Rule.P95_LATENCY, value=value, fresh=True, demand=None,
+                       detail=detail)
+
+    if cluster.ready == 0:
+        return no_push("no ready replica to measure")
+    waiting = snapshot.queue_depth
+    if (_fresh(waiting) and waiting is not None
+            and waiting.value <= overload_waiting_per_replica * cluster.ready):
+        return no_push(f"p95 {value.value:.3g}s, but the queue ({waiting.value:g} waiting) is "
+                       "within what the ready replicas admit at once: those latencies are "
+                       "of requests already served")
+    bounds = None if value.histogram is None else value.histogram.share_within(slo)
+    if bounds is not None:
+        low, high = bounds
+        if high >= GUARD_QUANTILE:
+            if low >= GUARD_QUANTILE:
+                return no_push(f"{low:.1%} within SLO {slo:g}s")
+            return no_push(f"{low:.1%} to {high:.1%} within SLO {slo:g}s: the bucket "
+                           "around the SLO cannot tell, no push")
+    elif value.value <= slo:
+        return no_push(f"p95 {value.value:.3g}s within SLO {slo:g}s")
+    ratio = min(value.value / slo, GUARD_MAX_STEP)
+    detail = (f"p95 {value.value:.3g}s > SLO {slo:g}s: {cluster.ready} ready x {ratio:.2f}"
+              + (f" (capped at {GUARD_MAX_STEP:g}x)" if ratio < value.value / slo else ""))
+    return opinion(types.Rule.P95_LATENCY, value=value, fresh=True,
+                   demand=cluster.ready * ratio, detail=detail)
 
 
-def all_opinions(
-    policy: model.ScalePolicySpec,
+def signal_opinions(
+    spec: engine_spec.EngineSpec,
     *,
     snapshot: types.SignalSnapshot,
     cluster: types.ClusterState,
-) -> list[SignalOpinion]:
+) -> list[Opinion]:
     """Every configured signal's opinion, in a fixed order."""
-    stale_after = policy.stale_after_seconds
-    signals = policy.signals
     opinions = []
-    if signals.concurrency:
-        opinions.append(concurrency(signals.concurrency, snapshot=snapshot, cluster=cluster,
-                                    stale_after_s=stale_after))
-    if signals.queue_depth:
-        opinions.append(queue_depth(signals.queue_depth, snapshot=snapshot, cluster=cluster,
-                                    stale_after_s=stale_after))
-    if signals.tokens_per_second:
-        opinions.append(tokens_per_second(signals.tokens_per_second, snapshot=snapshot,
-                                          stale_after_s=stale_after))
-    if signals.p95_latency:
-        opinions.append(p95_latency(signals.p95_latency, snapshot=snapshot, cluster=cluster,
-                                    stale_after_s=stale_after))
+    if spec.concurrency is not None:
+        opinions.append(concurrency(spec.concurrency, snapshot=snapshot, cluster=cluster))
+    if spec.queue is not None:
+        opinions.append(queue_depth(spec.queue, snapshot=snapshot, cluster=cluster))
+    if spec.tokens is not None:
+        opinions.append(tokens_per_second(spec.tokens, snapshot=snapshot))
+    if spec.latency is not None:
+        opinions.append(p95_latency(
+            spec.latency, snapshot=snapshot, cluster=cluster,
+            overload_waiting_per_replica=spec.overload_waiting_per_replica))
     return opinions

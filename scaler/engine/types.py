@@ -6,7 +6,13 @@ clock, the simulator its virtual clock. Durations are seconds.
 
 from __future__ import annotations
 
+import enum
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from scaler.core import histogram as histograms
+from scaler.core import vocabulary
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,33 +20,62 @@ class SignalValue:
     """One signal's current value for a model, as the signal store combined it.
 
     `age_s` is the age of the newest sample that contributed (0 = just now);
-    `sources` counts the fresh sources summed (queue, in-flight, tokens/s) or merged
-    (latency histograms).
+    `sources` counts the sources summed (queue, in-flight, tokens/s) or merged (latency
+    histograms). `fresh` is decided once, when the value is built against the policy's
+    stale limit (`assess`): finite, not negative, and no older than staleAfterSeconds.
+    Nothing downstream checks again. Latency values carry the merged `histogram` they
+    were read from (None when sources sent only a p95), so the guard can ask the buckets
+    directly what share is within the SLO.
     """
 
     value: float
-    age_s: float = 0.0
+    age_s: float
+    fresh: bool
     sources: int = 1
+    histogram: histograms.Histogram | None = None
+
+    @classmethod
+    def assess(
+        cls, value: float, *, age_s: float, stale_after_s: float, sources: int = 1,
+        histogram: histograms.Histogram | None = None,
+    ) -> SignalValue:
+        """A value with its freshness decided. Example: 12 waiting, 40 s old, with a 30 s
+        limit -> fresh False (the engine holds rather than scale down on it)."""
+        fresh = math.isfinite(value) and value >= 0 and 0 <= age_s <= stale_after_s
+        return cls(value=value, age_s=age_s, fresh=fresh, sources=sources,
+                   histogram=histogram)
 
 
 @dataclass(frozen=True, slots=True)
 class SignalSnapshot:
     """What is known about a model's demand at `now`. `None` means missing.
 
-    queue_depth: requests waiting to start (summed over sources).
-    in_flight: requests being processed (summed over sources).
-    tokens_per_second: generated tokens per second (summed over sources).
-    prompt_tokens_per_second: prompt tokens prefilled per second (summed over sources).
-    p95_latency_s: p95 of the policy's latency metric, from merged histograms.
-    arrival_rate: requests per second arriving (e.g. JetStream sequence rate); optional.
+    One field per `vocabulary.DEMAND_SIGNALS` member, named by its value (a test holds
+    them equal); the docs of each are on the enum. `p95_latency` is the p95 of the
+    policy's latency metric, in seconds.
     """
 
     queue_depth: SignalValue | None = None
     in_flight: SignalValue | None = None
     tokens_per_second: SignalValue | None = None
     prompt_tokens_per_second: SignalValue | None = None
-    p95_latency_s: SignalValue | None = None
+    p95_latency: SignalValue | None = None
     arrival_rate: SignalValue | None = None
+    completion_rate: SignalValue | None = None
+
+    def get(self, signal: vocabulary.Signal) -> SignalValue | None:
+        """The value of a demand signal (None for missing, and for non-demand signals)."""
+        value: SignalValue | None = getattr(self, signal.value, None)
+        return value
+
+    def items(self) -> tuple[tuple[vocabulary.Signal, SignalValue | None], ...]:
+        """(signal, value) for every demand signal, in vocabulary order."""
+        return tuple((signal, self.get(signal)) for signal in vocabulary.DEMAND_SIGNALS)
+
+    @classmethod
+    def of(cls, values: Mapping[vocabulary.Signal, SignalValue | None]) -> SignalSnapshot:
+        """A snapshot from a mapping of demand signals (others are ignored)."""
+        return cls(**{signal.value: values.get(signal) for signal in vocabulary.DEMAND_SIGNALS})
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +141,24 @@ class DemandSample:
 
 
 @dataclass(frozen=True, slots=True)
+class BacklogSample:
+    """Requests in the system (waiting + running) at a time, for the flow balance."""
+
+    at: float
+    requests: float
+
+
+@dataclass(frozen=True, slots=True)
+class ForecastCheck:
+    """A forecast to check against what happened: at `due_at`, demand was predicted to
+    be `predicted` (from `base` when it was made)."""
+
+    due_at: float
+    base: float
+    predicted: float
+
+
+@dataclass(frozen=True, slots=True)
 class EngineState:
     """Everything the engine remembers between decisions. Immutable; `decide` returns a new one.
 
@@ -117,6 +170,14 @@ class EngineState:
     replicas_per_request_rate: smoothed load of one request per second, in replicas,
       learned from the arrival rate while the model is not saturated (None until seen).
     last_desired: the last decided replicas (None before the first decision).
+    forecast_check / horizon_scale: the look-ahead checking itself: the outstanding
+      forecast to compare with what happened, and the share of the trend still trusted
+      (1 = all; halved towards what came true each time a forecast overshot).
+    backlog: requests in the system over the last FLOW_WINDOW_S, whose growth plus the
+      completion rate is the arrival rate where no source reports one (flow balance).
+    drop_at / drop_level / return_gap_s: restart-aware holding: when demand last fell
+      below the count (and the count then), and how long load took to come back after
+      earlier drops (smoothed; None until seen).
     """
 
     recommendations: tuple[Recommendation, ...] = ()
@@ -127,13 +188,93 @@ class EngineState:
     last_observation_at: float = float("-inf")
     replicas_per_request_rate: float | None = None
     last_desired: int | None = None
+    forecast_check: ForecastCheck | None = None
+    horizon_scale: float = 1.0
+    backlog: tuple[BacklogSample, ...] = ()
+    drop_at: float | None = None
+    drop_level: int = 0
+    return_gap_s: float | None = None
+
+
+class OpinionKind(enum.Enum):
+    """What an opinion measures, which decides how it is combined.
+
+    CAPACITY: replicas the load needs (concurrency, tokens/s, arrival rate, the forecast);
+      it sets demand, the trend, and gets the tolerance band.
+    PRESSURE: a queue beyond its target; pushes up in proportion, never down, and is left
+      out of the trend (a queue that builds while capacity lags is the scaler's own echo).
+    GUARD: the latency guard; pushes up toward the SLO, never down.
+    """
+
+    CAPACITY = "capacity"
+    PRESSURE = "pressure"
+    GUARD = "guard"
+
+
+class Rule(enum.StrEnum):
+    """What can hold an opinion in a decision: a signal's rule, or the look-ahead."""
+
+    CONCURRENCY = "concurrency"
+    QUEUE_DEPTH = "queue_depth"
+    TOKENS_PER_SECOND = "tokens_per_second"
+    P95_LATENCY = "p95_latency"
+    ARRIVAL_RATE = "arrival_rate"
+    FORECAST = "forecast"
+
+    @property
+    def kind(self) -> OpinionKind:
+        if self is Rule.QUEUE_DEPTH:
+            return OpinionKind.PRESSURE
+        if self is Rule.P95_LATENCY:
+            return OpinionKind.GUARD
+        return OpinionKind.CAPACITY
+
+
+class ClampName(enum.StrEnum):
+    """A bound or rule that can change the recommendation on its way to the decision."""
+
+    BACKLOG = "backlog"
+    STABILIZATION_UP = "stabilization_up"
+    STABILIZATION_DOWN = "stabilization_down"
+    RATE_LIMIT_UP = "rate_limit_up"
+    RATE_LIMIT_DOWN = "rate_limit_down"
+    HOLD_STALE = "hold_stale"
+    MIN = "min"
+    WARM_FLOOR = "warm_floor"
+    MAX = "max"
+    BUDGET = "budget"
+    EXTERNAL_BUDGET = "external_budget"
+
+
+class StepName(enum.StrEnum):
+    """The decision pipeline's steps, in order (each can be read and changed alone)."""
+
+    SIGNALS = "signals"
+    LOAD = "load"
+    LOOK_AHEAD = "look_ahead"
+    RECOMMEND = "recommend"
+    BACKLOG = "backlog"
+    STABILIZE = "stabilize"
+    RATE_LIMIT = "rate_limit"
+    SAFETY = "safety"
+    BOUNDS = "bounds"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What one pipeline step made of the count: `replicas` after it (None before the
+    recommendation exists), and in a few words why."""
+
+    name: StepName
+    replicas: int | None
+    detail: str
 
 
 @dataclass(frozen=True, slots=True)
 class SignalReason:
-    """One signal's part in a decision."""
+    """One rule's part in a decision."""
 
-    name: str
+    name: Rule
     value: float | None
     age_s: float | None
     fresh: bool
@@ -145,7 +286,7 @@ class SignalReason:
 class Clamp:
     """A bound or rule that changed the replica count from `before` to `after`."""
 
-    name: str
+    name: ClampName
     before: int
     after: int
     detail: str
@@ -156,8 +297,10 @@ class Forecast:
     """The cold-start look-ahead used by a decision. Demand is in replicas (fractional).
 
     demand_now: the fitted demand now; slope_per_s: its trend (never negative: the
-    look-ahead only adds); demand_at_ready: demand_now + slope * time_to_ready_s;
-    replicas_at_node_ready: the forecast one node boot further, for node headroom.
+    look-ahead only adds); demand_at_ready: demand_now + slope x horizon_scale x
+    time_to_ready_s; replicas_at_node_ready: the forecast one node boot further, for node
+    headroom. horizon_scale: the share of the trend trusted after checking past forecasts;
+    step: the window read as a step (no trend extrapolated through it).
     """
 
     time_to_ready_s: float
@@ -167,6 +310,8 @@ class Forecast:
     demand_at_ready: float
     replicas_at_ready: int
     replicas_at_node_ready: int
+    horizon_scale: float = 1.0
+    step: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,12 +323,13 @@ class Decision:
     current: int
     desired: int
     recommendation: int | None
-    winner: str | None
+    winner: Rule | None
     signals: tuple[SignalReason, ...]
     clamps: tuple[Clamp, ...] = ()
     forecast: Forecast | None = None
     held: bool = False
     notes: tuple[str, ...] = field(default=())
+    steps: tuple[Step, ...] = field(default=())
 
     @property
     def changed(self) -> bool:

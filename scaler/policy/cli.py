@@ -5,13 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scaler.policy import loader, model
+from scaler.core import schema as core_schema
+from scaler.policy import lint, loader, model
+
+SchemaDocument = Callable[[], dict[str, Any]]
 
 
-def register(subparsers: argparse._SubParsersAction[Any]) -> None:
+def register(
+    subparsers: argparse._SubParsersAction[Any], *, settings_schema: SchemaDocument
+) -> None:
+    """`validate` and `schema`. `settings_schema` gives the service settings' JSON Schema:
+    the settings live in the service layer, above this one, so the caller passes it in."""
     validate = subparsers.add_parser(
         "validate", help="check ScalePolicy files and folders",
         description="Check ScalePolicy files and folders. Exit 0 when all are valid, 1 if not.")
@@ -19,8 +27,14 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     validate.add_argument("--json", action="store_true", help="machine-readable output")
     validate.set_defaults(handler=_validate)
 
-    schema = subparsers.add_parser("schema", help="print the ScalePolicy JSON Schema")
-    schema.set_defaults(handler=_schema)
+    schema = subparsers.add_parser(
+        "schema", help="print the ScalePolicy (or settings) JSON Schema",
+        description="Print the JSON Schema of a ScalePolicy document, every field with its "
+        "description and default: the reference for editors and for the README's table.")
+    schema.add_argument("--settings", action="store_true",
+                        help="the service settings' schema instead (settings file, SCALER_ "
+                        "variables)")
+    schema.set_defaults(handler=_schema, settings_schema=settings_schema)
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -28,11 +42,13 @@ def _validate(args: argparse.Namespace) -> int:
     result = loader.load_paths([p for p in args.paths if p.exists()])
     errors = [loader.PolicyError(path=str(p), document=None, field="", message="no such file")
               for p in missing] + result.errors
+    warned = [text for item in result.loaded for text in lint.warnings(item.policy)]
     if args.json:
         json.dump({
             "valid": [{"policy": item.policy.key, "path": item.path, "document": item.document}
                       for item in result.loaded],
             "errors": [e.as_dict() for e in errors],
+            "warnings": warned,
         }, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
@@ -40,19 +56,19 @@ def _validate(args: argparse.Namespace) -> int:
             print(f"ok    {item.policy.key}  ({item.path}, document {item.document})")
         for error in errors:
             print(f"error {error}")
+        for text in warned:
+            print(f"warn  {text}")
         print(f"{len(result.loaded)} valid, {len(errors)} error(s)")
     return 1 if errors else 0
 
 
 def schema_document() -> dict[str, Any]:
     """The JSON Schema of one ScalePolicy document, as written in files (camelCase)."""
-    schema = model.ScalePolicy.model_json_schema(by_alias=True)
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "ScalePolicy"
-    return schema
+    return core_schema.document(model.ScalePolicy, title="ScalePolicy", by_alias=True)
 
 
 def _schema(args: argparse.Namespace) -> int:
-    json.dump(schema_document(), sys.stdout, indent=2)
+    document = args.settings_schema() if args.settings else schema_document()
+    json.dump(document, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -10,6 +10,7 @@ from typing import Any
 import pydantic
 import yaml
 
+from scaler.core import errors
 from scaler.policy import model
 
 POLICY_SUFFIXES = (".yaml", ".yml")
@@ -26,8 +27,7 @@ class PolicyError:
 
     def __str__(self) -> str:
         where = self.path if self.document is None else f"{self.path} (document {self.document})"
-        field = f"{self.field}: " if self.field else ""
-        return f"{where}: {field}{self.message}"
+        return errors.located(where, self.field, self.message)
 
     def as_dict(self) -> dict[str, Any]:
         return {"path": self.path, "document": self.document, "field": self.field,
@@ -57,30 +57,10 @@ class LoadResult:
         return not self.errors
 
 
-def _field_path(loc: Sequence[int | str]) -> str:
-    """pydantic's loc tuple -> 'spec.behavior.scaleUp.policies[0].value' (file spelling)."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + part
-    return out
-
-
 def _validation_errors(exc: pydantic.ValidationError, path: str, index: int) -> list[PolicyError]:
-    errors = []
-    for err in exc.errors():
-        # Union branches add the model name to loc (e.g. 'function-after[...]'): drop them.
-        loc = [p for p in err["loc"] if not (isinstance(p, str) and "[" in p)]
-        message = err["msg"]
-        if message.startswith("Value error, "):
-            message = message[len("Value error, "):]
-        if err["type"] == "extra_forbidden":
-            message = "unknown field (check the spelling; fields are camelCase)"
-        errors.append(PolicyError(path=path, document=index, field=_field_path(loc),
-                                  message=message))
-    return errors
+    return [PolicyError(path=path, document=index, field=problem.field, message=problem.message)
+            for problem in errors.field_problems(
+                exc, unknown_field="unknown field (check the spelling; fields are camelCase)")]
 
 
 def parse_documents(text: str, path: str) -> LoadResult:
@@ -89,11 +69,8 @@ def parse_documents(text: str, path: str) -> LoadResult:
     try:
         documents = list(yaml.safe_load_all(text))
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
         result.errors.append(PolicyError(path=path, document=None, field="",
-                                         message=f"invalid YAML: {where}{problem}"))
+                                         message=errors.yaml_problem(exc)))
         return result
     for index, document in enumerate(documents):
         if document is None:

@@ -10,6 +10,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from scaler.core import vocabulary
+
 KIND = "ScalePolicy"
 
 # Kubernetes DNS-1123 label: what Deployment, namespace and pool names must be.
@@ -39,9 +41,19 @@ def _dns_name(value: str, what: str) -> str:
 
 
 class Metadata(_Model):
-    name: str
-    namespace: str = "default"
-    labels: dict[str, str] = Field(default_factory=dict)
+    """Which model this policy is for: `namespace/name` is its key everywhere."""
+
+    name: str = Field(
+        description="The model's name (a DNS-1123 label): the key in signal subjects, "
+        "/metrics, `scaler explain` and the external metrics API.")
+    namespace: str = Field(
+        default="default",
+        description="Namespace of the model and its target. 'default' is the namespace "
+        "Kubernetes itself defaults to.")
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Free labels; `tenant` and `cost-center` label the cost metrics and "
+        "the external metrics API's metricLabels.")
 
     @field_validator("name", "namespace")
     @classmethod
@@ -52,9 +64,14 @@ class Metadata(_Model):
 class Target(_Model):
     """The object whose scale subresource is patched: any kind with `/scale`."""
 
-    api_version: str = "apps/v1"
-    kind: str = "Deployment"
-    name: str
+    api_version: str = Field(
+        default="apps/v1", description="API version of the target, e.g. apps/v1 or "
+        "leaderworkerset.x-k8s.io/v1. Default: a Deployment's.")
+    kind: str = Field(
+        default="Deployment", description="Kind of the target: any kind with a scale "
+        "subresource (Deployment, StatefulSet, LeaderWorkerSet, a CRD). Default: the usual "
+        "way inference servers are deployed.")
+    name: str = Field(description="Name of the target object, in metadata.namespace.")
 
     @field_validator("name")
     @classmethod
@@ -68,8 +85,14 @@ class Target(_Model):
 
 
 class Replicas(_Model):
-    min: int = Field(default=0, ge=0)
-    max: int = Field(ge=1)
+    """Hard bounds on the target's replicas; every other rule works inside them."""
+
+    min: int = Field(
+        default=0, ge=0, description="Fewest replicas, whatever the signals say. 0 (with no "
+        "warm floor) allows scale to zero: idle GPUs cost the most.")
+    max: int = Field(
+        ge=1, description="Most replicas, whatever the signals say: the cost ceiling. "
+        "Required, because an unbounded GPU scaler is a budget incident.")
 
     @model_validator(mode="after")
     def _ordered(self) -> Replicas:
@@ -103,11 +126,18 @@ def _parse_days(spec: str) -> frozenset[int]:
 class FloorSchedule(_Model):
     """A time window with its own warm floor, e.g. business hours in Europe/Berlin."""
 
-    days: str = "Mon-Sun"
-    from_: str = Field(alias="from")
-    to: str
-    time_zone: str = "UTC"
-    replicas: int = Field(ge=0)
+    days: str = Field(
+        default="Mon-Sun", description="Days the window applies: 'Mon-Fri', 'Sat,Sun', "
+        "'Fri-Mon' (wraps), or '*'. Default: every day.")
+    from_: str = Field(
+        alias="from", description="Start, HH:MM (24 h) in time_zone. A window whose `to` is "
+        "earlier runs past midnight and belongs to the day it starts.")
+    to: str = Field(description="End, HH:MM (24 h) in time_zone, exclusive; 24:00 is "
+                    "midnight at the end of the day.")
+    time_zone: str = Field(
+        default="UTC", description="IANA time zone of from/to, e.g. Europe/Berlin (daylight "
+        "saving time is followed). Default: UTC, the one zone without surprises.")
+    replicas: int = Field(ge=0, description="Warm floor while the window is active.")
 
     @field_validator("days")
     @classmethod
@@ -161,8 +191,12 @@ def _minutes(hhmm: str) -> int:
 class WarmFloor(_Model):
     """Replicas kept ready whatever the demand, optionally by schedule."""
 
-    replicas: int = Field(default=0, ge=0)
-    schedules: tuple[FloorSchedule, ...] = ()
+    replicas: int = Field(
+        default=0, ge=0, description="Replicas kept ready at all times, whatever the "
+        "demand (above replicas.min, at most replicas.max). 0: demand alone decides.")
+    schedules: tuple[FloorSchedule, ...] = Field(
+        default=(), description="Time windows with their own floor, e.g. business hours; "
+        "the floor in force is the largest of `replicas` and every active window.")
 
     def at(self, now: float) -> int:
         """The floor in force at `now`: the largest of the base and every active schedule."""
@@ -175,13 +209,21 @@ class WarmFloor(_Model):
 
 
 class ConcurrencySignal(_Model):
-    target_per_replica: float = Field(gt=0, description="running + waiting requests per replica")
+    """Capacity in requests: ceil((running + waiting) / targetPerReplica) replicas."""
+
+    target_per_replica: float = Field(
+        gt=0, description="Requests (running + waiting) one replica should hold, e.g. the "
+        "batch size at which its latency still meets the SLO. No default: it depends on the "
+        "model, the GPU and the prompt lengths.")
 
 
 class QueueDepthSignal(_Model):
+    """Queue pressure: waiting beyond the target pushes the recommendation up, never down."""
+
     target_waiting_per_replica: float = Field(
-        gt=0, description="waiting requests per ready replica before the queue pushes up"
-    )
+        gt=0, description="Requests waiting per ready replica before the queue pushes the "
+        "recommendation up, in proportion. No default: how long a wait is acceptable "
+        "depends on the SLO.")
 
 
 class TokensPerSecondSignal(_Model):
@@ -191,24 +233,41 @@ class TokensPerSecondSignal(_Model):
     generated / capacityPerReplica + prompt / promptCapacityPerReplica.
     """
 
-    capacity_per_replica: float = Field(gt=0, description="generated tokens/s one replica "
-                                        "sustains when it only decodes")
+    capacity_per_replica: float = Field(
+        gt=0, description="Generated tokens/s one replica sustains when it only decodes "
+        "(measure it with a load test). No default: it depends on model and GPU.")
     prompt_capacity_per_replica: float | None = Field(
-        default=None, gt=0, description="prompt tokens/s one replica prefills when it only "
-        "prefills; set it for long-prompt workloads, whose load generated tokens miss")
-    target_utilization: float = Field(default=0.8, gt=0, le=1)
+        default=None, gt=0, description="Prompt tokens/s one replica prefills when it only "
+        "prefills; set it for long-prompt workloads, whose load generated tokens miss. "
+        "None: prompt tokens are not counted.")
+    target_utilization: float = Field(
+        default=0.8, gt=0, le=1, description="Share of a replica's token capacity to plan "
+        "for (0..1]. 0.8 leaves 20 % headroom for bursts between decisions.")
 
 
 class P95LatencySignal(_Model):
-    metric: Literal["ttft", "e2e", "itl"] = "ttft"
-    slo_seconds: float = Field(gt=0)
+    """A guard on the p95 latency: pushes up toward the SLO, never forces a scale-down."""
+
+    metric: vocabulary.LatencyMetric = Field(
+        default=vocabulary.DEFAULT_LATENCY_METRIC,
+        description="Which latency: ttft (time to first token), e2e (whole request) or itl "
+        "(inter-token). Default ttft: it is what queueing delays, so what scaling fixes.")
+    slo_seconds: float = Field(
+        gt=0, description="The p95 target in seconds; also the simulator's SLO threshold.")
 
 
 class Signals(_Model):
-    concurrency: ConcurrencySignal | None = None
-    queue_depth: QueueDepthSignal | None = None
-    tokens_per_second: TokensPerSecondSignal | None = None
-    p95_latency: P95LatencySignal | None = None
+    """What the replicas are sized from; the recommendation is the max over fresh signals."""
+
+    concurrency: ConcurrencySignal | None = Field(
+        default=None, description="Size by running + waiting requests. None: not used.")
+    queue_depth: QueueDepthSignal | None = Field(
+        default=None, description="Push up on waiting requests. None: not used.")
+    tokens_per_second: TokensPerSecondSignal | None = Field(
+        default=None, description="Size by token throughput. None: not used.")
+    p95_latency: P95LatencySignal | None = Field(
+        default=None, description="Guard on p95 latency (cannot scale on its own). "
+        "None: no guard.")
 
     @model_validator(mode="after")
     def _at_least_one(self) -> Signals:
@@ -221,27 +280,41 @@ class Signals(_Model):
 
 
 class NatsSource(_Model):
+    """Signal messages pushed over NATS (DESIGN 4.2)."""
+
     subject: str | None = Field(
-        default=None, description="defaults to <prefix>.<namespace>.<model>"
-    )
+        default=None, description="NATS subject of this model's signal messages. None: "
+        "<prefix>.<namespace>.<name> (prefix from the settings, scaler.signals).")
 
 
 class JetStreamSource(_Model):
-    stream: str
-    consumer: str
-    interval_seconds: float = Field(default=2.0, gt=0)
+    """A JetStream consumer's lag as the queue: num_pending waiting, num_ack_pending running."""
+
+    stream: str = Field(description="Name of the JetStream stream that holds the requests.")
+    consumer: str = Field(description="Durable consumer the model's workers pull from.")
+    interval_seconds: float = Field(
+        default=2.0, gt=0, description="Seconds between two reads of the consumer's info. "
+        "2 s: one cheap API call per model, and lag is seen 7x sooner than KEDA's 15 s poll.")
 
 
 class PrometheusSource(_Model):
-    preset: Literal["vllm", "sglang", "tgi", "custom"] = "vllm"
-    model_name: str | None = Field(default=None, description="value of the model label")
-    model_label: str = "model_name"
-    interval_seconds: float = Field(default=5.0, gt=0)
-    queries: dict[
-        Literal["queue_depth", "in_flight", "tokens_per_second",
-                "prompt_tokens_per_second", "p95_latency", "kv_cache_usage"],
-        str,
-    ] = Field(default_factory=dict, description="custom PromQL per signal, overriding the preset")
+    """Instant queries against Prometheus, from a server preset or custom PromQL."""
+
+    preset: Literal["vllm", "sglang", "tgi", "custom"] = Field(
+        default="vllm", description="Metric names of the inference server: vllm, sglang, "
+        "tgi, or custom (queries only). Default vllm, the most common server.")
+    model_name: str | None = Field(
+        default=None, description="Value of the model label that selects this model's "
+        "series. None: metadata.name.")
+    model_label: str = Field(
+        default="model_name", description="Label that carries the model name. Default: "
+        "vLLM's `model_name`.")
+    interval_seconds: float = Field(
+        default=5.0, gt=0, description="Seconds between two polls. 5 s: a third of the "
+        "usual 15 s scrape interval, so a new scrape is seen within 5 s of landing.")
+    queries: dict[vocabulary.Signal, str] = Field(
+        default_factory=dict, description="Custom PromQL per signal (queue_depth, "
+        "in_flight, tokens_per_second, ...), overriding the preset's query for that signal.")
 
     @model_validator(mode="after")
     def _custom_needs_queries(self) -> PrometheusSource:
@@ -251,23 +324,39 @@ class PrometheusSource(_Model):
 
 
 class Sources(_Model):
-    nats: NatsSource | None = Field(default_factory=NatsSource)
-    jetstream: JetStreamSource | None = None
-    prometheus: PrometheusSource | None = None
+    """Where the model's signals come from; several may be used at once."""
+
+    nats: NatsSource | None = Field(
+        default_factory=NatsSource, description="NATS push, on by default at the default "
+        "subject (the low-latency path); null turns it off.")
+    jetstream: JetStreamSource | None = Field(
+        default=None, description="JetStream consumer lag. None: not read.")
+    prometheus: PrometheusSource | None = Field(
+        default=None, description="Prometheus polling. None: not polled.")
 
 
 class ScalingRule(_Model):
     """One HPA-style rate limit: at most `value` pods (or percent) per `periodSeconds`."""
 
-    type: Literal["Pods", "Percent"]
-    value: int = Field(gt=0)
-    period_seconds: int = Field(gt=0, le=1800)
+    type: Literal["Pods", "Percent"] = Field(
+        description="Pods: `value` replicas; Percent: `value` % of the current replicas.")
+    value: int = Field(gt=0, description="How much change the rule allows per period.")
+    period_seconds: int = Field(
+        gt=0, le=1800, description="Length of the period, seconds (at most 1800, as the HPA).")
 
 
 class ScalingDirection(_Model):
-    stabilization_seconds: int = Field(ge=0, le=3600)
-    select_policy: Literal["Max", "Min", "Disabled"] = "Max"
-    policies: tuple[ScalingRule, ...] = ()
+    """HPA-style behavior of one direction: a stabilization window and rate limits."""
+
+    stabilization_seconds: int = Field(
+        ge=0, le=3600, description="Window over which recommendations are remembered, "
+        "seconds (at most 3600): up uses the window's minimum, down its maximum.")
+    select_policy: Literal["Max", "Min", "Disabled"] = Field(
+        default="Max", description="With several rules, Max applies the one that allows "
+        "the most change, Min the least; Disabled forbids this direction. Default: the "
+        "HPA's.")
+    policies: tuple[ScalingRule, ...] = Field(
+        default=(), description="Rate limits; none = no limit beyond the window.")
 
 
 def _default_up() -> ScalingDirection:
@@ -290,22 +379,44 @@ def _default_down() -> ScalingDirection:
 
 
 class Behavior(_Model):
-    scale_up: ScalingDirection = Field(default_factory=_default_up)
-    scale_down: ScalingDirection = Field(default_factory=_default_down)
+    """How fast replicas may change, with the HPA's semantics and defaults."""
+
+    scale_up: ScalingDirection = Field(
+        default_factory=_default_up, description="Scale-up behavior. Default (the HPA's): "
+        "no window; at most max(4 pods, 100 %) per 15 s.")
+    scale_down: ScalingDirection = Field(
+        default_factory=_default_down, description="Scale-down behavior. Default (the "
+        "HPA's): a 300 s window; then up to 100 % per 15 s.")
+    restart_aware: bool = Field(
+        default=False, description="Weigh a restart before holding idle replicas: the "
+        "down window becomes the longest hold, not the only one. Replicas the load no "
+        "longer needs are held as long as restarting one takes (its pod start: holding "
+        "longer costs more GPU time than a restart), and longer, up to the window, when "
+        "load has come back after a similar gap before. Off: the HPA's fixed window.")
     tolerance: float = Field(
         default=0.1, ge=0, lt=1,
-        description="a capacity recommendation within this fraction of the current count "
-        "changes nothing (the HPA's default tolerance, 10 %)")
+        description="A capacity recommendation within this fraction of the current count "
+        "changes nothing (the HPA's default tolerance, 10 %), so noise does not flap.")
 
 
 class ColdStart(_Model):
     """The chain a new replica goes through before it serves, in seconds."""
 
-    node_boot_seconds: float = Field(default=300, ge=0, description="only when no GPU is free")
-    image_pull_seconds: float = Field(default=60, ge=0)
-    model_load_seconds: float = Field(default=60, ge=0)
-    readiness_seconds: float = Field(default=15, ge=0)
-    learn: bool = True
+    node_boot_seconds: float = Field(
+        default=300, ge=0, description="Seconds for a new GPU node to become schedulable; "
+        "counted only when no GPU is free. 300 s: a typical cloud GPU node with its driver.")
+    image_pull_seconds: float = Field(
+        default=60, ge=0, description="Seconds to pull the serving image on a node without "
+        "it. 60 s: a multi-GB image from a registry in the same region.")
+    model_load_seconds: float = Field(
+        default=60, ge=0, description="Seconds to load the weights onto the GPU. 60 s: an "
+        "8B to 70B model from fast storage.")
+    readiness_seconds: float = Field(
+        default=15, ge=0, description="Seconds from weights loaded to passing readiness "
+        "(warm-up, CUDA graphs). 15 s: a vLLM start with graph capture.")
+    learn: bool = Field(
+        default=True, description="Refine these from observed pod start timelines, so "
+        "the look-ahead follows the real cluster. Off: the figures above are used as given.")
 
     @property
     def pod_start_seconds(self) -> float:
@@ -316,16 +427,38 @@ class ColdStart(_Model):
 class ForecastSpec(_Model):
     """Cold-start look-ahead: demand is extrapolated over the time a new replica needs."""
 
-    enabled: bool = True
+    enabled: bool = Field(
+        default=True, description="Forecast demand at now + time to ready and cover the "
+        "larger of now and then. Off: size for the present only.")
     window_seconds: float = Field(
         default=120, gt=0, le=3600,
-        description="history the trend is fitted over; longer is smoother but slower to react",
+        description="Seconds of history the trend is fitted over (at most 3600); longer is "
+        "smoother but slower to react. 120 s: about one pod start.",
     )
 
 
+class Headroom(_Model):
+    """Spare capacity held beyond what the load needs: the price of meeting the SLO within
+    one cold start of a step, which no reactive scaler can otherwise meet."""
+
+    replicas: int = Field(
+        default=0, ge=0, description="Replicas kept beyond the capacity demand (and its "
+        "forecast). 0: none. One spare replica absorbs a step of one replica's load while "
+        "the next one starts.")
+    fraction: float = Field(
+        default=0.0, ge=0, le=10, description="Capacity demand is multiplied by 1 + fraction "
+        "before rounding up (0.25: a quarter more than the load needs). 0: none.")
+
+
 class Resources(_Model):
-    gpus_per_replica: int = Field(default=1, ge=1)
-    resource_name: str = "nvidia.com/gpu"
+    """What one replica needs, for node planning, budgets and cost."""
+
+    gpus_per_replica: int = Field(
+        default=1, ge=1, description="GPUs one replica uses (the tensor-parallel size: 8 "
+        "for a 70B model at TP8). Default: one GPU.")
+    resource_name: str = Field(
+        default="nvidia.com/gpu", description="Extended resource of those GPUs, including "
+        "MIG profiles such as nvidia.com/mig-1g.10gb. Default: a whole NVIDIA GPU.")
 
     @field_validator("resource_name")
     @classmethod
@@ -338,10 +471,14 @@ class Resources(_Model):
 class Toleration(_Model):
     """A Kubernetes toleration (core/v1), for the pool's taints."""
 
-    key: str | None = None
-    operator: Literal["Exists", "Equal"] = "Equal"
-    value: str | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    key: str | None = Field(
+        default=None, description="Taint key to tolerate. None with Exists: every taint.")
+    operator: Literal["Exists", "Equal"] = Field(
+        default="Equal", description="Equal: the taint's value must be `value`; Exists: any "
+        "value. Default Equal, as in Kubernetes.")
+    value: str | None = Field(default=None, description="Taint value, for Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to tolerate. None: every effect.")
 
     def manifest(self) -> dict[str, str]:
         """As the API spells it, without unset fields."""
@@ -349,17 +486,35 @@ class Toleration(_Model):
 
 
 class NodePool(_Model):
-    name: str
-    gpus_per_node: int = Field(default=8, ge=1)
-    warm_nodes: int = Field(default=0, ge=0, description="static floor of spare nodes")
-    max_nodes: int | None = Field(default=None, ge=1)
-    actuator: Literal["placeholder", "clusterapi", "none"] = "placeholder"
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    """The GPU node pool the model runs on: nodes are prepared before pods need them."""
+
+    name: str = Field(description="Pool name (a DNS-1123 label); models naming the same "
+                      "pool are planned together.")
+    gpus_per_node: int = Field(
+        default=8, ge=1, description="GPUs (of resources.resourceName) per node. 8: the "
+        "usual H100/A100 server.")
+    warm_nodes: int = Field(
+        default=0, ge=0, description="Static floor of spare nodes kept beyond what the "
+        "forecast needs. 0: headroom from the forecast only.")
+    max_nodes: int | None = Field(
+        default=None, ge=1, description="Most nodes the pool may have. None: no cap here "
+        "(the cloud's quota or the MachineDeployment's max still applies).")
+    actuator: Literal["placeholder", "clusterapi", "none"] = Field(
+        default="placeholder", description="How spare nodes are made: placeholder (pause "
+        "pods the cluster autoscaler makes room for), clusterapi (scale a "
+        "MachineDeployment), none (plan only). Default: works with any cluster autoscaler.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels that pick the pool's nodes, also "
+        "given to placeholder pods. Empty: any node with the GPU resource.")
     tolerations: tuple[Toleration, ...] | None = Field(
-        default=None, description="tolerations of the pool's taints for placeholder pods; "
-        "None = the service-wide default (nvidia.com/gpu Exists NoSchedule)")
-    machine_deployment: str | None = Field(default=None, description="for actuator clusterapi")
-    scale_down: bool = Field(default=False, description="let the scaler remove nodes")
+        default=None, description="Tolerations of the pool's taints for placeholder pods. "
+        "None: the service-wide default (nvidia.com/gpu Exists NoSchedule).")
+    machine_deployment: str | None = Field(
+        default=None, description="MachineDeployment to scale, for actuator clusterapi "
+        "(required there).")
+    scale_down: bool = Field(
+        default=False, description="Let the scaler remove nodes too. Off: it only adds, "
+        "and leaves removal to the cluster autoscaler, which knows what runs where.")
 
     @field_validator("name")
     @classmethod
@@ -376,28 +531,58 @@ class NodePool(_Model):
 class Budget(_Model):
     """GPU budget: the most GPUs this model may hold at once."""
 
-    max_gpus: int = Field(ge=1)
+    max_gpus: int = Field(
+        ge=1, description="Most GPUs (replicas x gpusPerReplica) the model may hold; must "
+        "hold the floor.")
 
 
 class Cost(_Model):
-    gpu_hourly: float = Field(default=2.5, ge=0, description="price of one GPU for one hour")
+    """Prices for cost reports and /metrics."""
+
+    gpu_hourly: float = Field(
+        default=2.5, ge=0, description="Price of one GPU for one hour, in your currency. "
+        "2.5: a typical on-demand H100 hour in 2025.")
 
 
 class ScalePolicySpec(_Model):
-    target: Target
-    replicas: Replicas
-    warm_floor: WarmFloor = Field(default_factory=WarmFloor)
-    signals: Signals
-    sources: Sources = Field(default_factory=Sources)
-    behavior: Behavior = Field(default_factory=Behavior)
-    cold_start: ColdStart = Field(default_factory=ColdStart)
-    forecast: ForecastSpec = Field(default_factory=ForecastSpec)
-    resources: Resources = Field(default_factory=Resources)
-    node_pool: NodePool | None = None
-    budget: Budget | None = None
-    stale_after_seconds: float = Field(default=30, gt=0)
-    cost: Cost = Field(default_factory=Cost)
-    profile: str | None = Field(default=None, description="replica performance profile (sim)")
+    """How one model scales."""
+
+    target: Target = Field(description="The object whose scale subresource is patched.")
+    replicas: Replicas = Field(description="Hard bounds on replicas.")
+    warm_floor: WarmFloor = Field(
+        default_factory=WarmFloor, description="Replicas kept whatever the demand, "
+        "optionally by schedule. Default: none.")
+    signals: Signals = Field(description="What replicas are sized from; at least one of "
+                             "concurrency, queueDepth, tokensPerSecond.")
+    sources: Sources = Field(
+        default_factory=Sources, description="Where the signals come from. Default: NATS "
+        "push at the default subject.")
+    behavior: Behavior = Field(
+        default_factory=Behavior, description="Stabilization windows, rate limits and "
+        "tolerance. Default: the HPA's.")
+    cold_start: ColdStart = Field(
+        default_factory=ColdStart, description="How long a new replica takes to serve, for "
+        "the look-ahead.")
+    headroom: Headroom = Field(
+        default_factory=Headroom, description="Spare capacity beyond the load, for steps "
+        "faster than a cold start. Default: none (size for the load and its forecast).")
+    forecast: ForecastSpec = Field(
+        default_factory=ForecastSpec, description="The cold-start look-ahead.")
+    resources: Resources = Field(
+        default_factory=Resources, description="GPUs per replica and their resource name.")
+    node_pool: NodePool | None = Field(
+        default=None, description="GPU node pool to prepare nodes in. None: nodes are left "
+        "to the cluster autoscaler.")
+    budget: Budget | None = Field(default=None, description="GPU budget. None: replicas.max "
+                                  "is the only cap.")
+    stale_after_seconds: float = Field(
+        default=30, gt=0, description="A signal older than this many seconds is stale: it "
+        "cannot scale down (a fresh one may still scale up). 30 s: two missed scrapes at "
+        "Prometheus's usual 15 s interval.")
+    cost: Cost = Field(default_factory=Cost, description="Prices for cost reports.")
+    profile: str | None = Field(
+        default=None, description="Replica performance profile used by the simulator and "
+        "demo (e.g. llama-3.1-8b-h100). None: the simulator's default profile.")
 
     @model_validator(mode="after")
     def _cross(self) -> ScalePolicySpec:
@@ -422,12 +607,20 @@ class ScalePolicySpec(_Model):
                 )
         return self
 
+    @property
+    def latency_metric(self) -> vocabulary.LatencyMetric:
+        """The latency metric the policy's guard reads, and so the one the store reports."""
+        guard = self.signals.p95_latency
+        return guard.metric if guard is not None else vocabulary.DEFAULT_LATENCY_METRIC
+
 
 class ScalePolicy(_Model):
-    api_version: Literal["scaler.io/v1alpha1"]
-    kind: Literal["ScalePolicy"]
-    metadata: Metadata
-    spec: ScalePolicySpec
+    """One model's scaling policy (DESIGN 4.1)."""
+
+    api_version: Literal["scaler.io/v1alpha1"] = Field(description="Always scaler.io/v1alpha1.")
+    kind: Literal["ScalePolicy"] = Field(description="Always ScalePolicy.")
+    metadata: Metadata = Field(description="The model's name, namespace and labels.")
+    spec: ScalePolicySpec = Field(description="How the model scales.")
 
     @property
     def name(self) -> str:
@@ -436,5 +629,5 @@ class ScalePolicy(_Model):
     @property
     def key(self) -> str:
         """'namespace/name': how the service, store and metrics name a model."""
-        return f"{self.metadata.namespace}/{self.metadata.name}"
+        return vocabulary.model_key(self.metadata.namespace, self.metadata.name)
 

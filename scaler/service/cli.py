@@ -44,55 +44,19 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                      help="log the scale patches instead of sending them")
     run.set_defaults(handler=run_service)
 
-    # Defaults are repeated from scaler.service.demo, which is imported only when the
-    # demo runs (it brings the simulator and numpy).
-    demo = subparsers.add_parser(
-        "demo",
-        help="watch the service scale a simulated GPU cluster (no cluster needed)",
-        description="Start an embedded nats-server, a simulated GPU cluster whose replicas "
-        "report over NATS, and the real service; replay a bundled trace slice on an "
-        "accelerated clock and show the decisions live (see docs/demo.md).",
-    )
-    demo.add_argument("--policy", type=Path,
-                      help="ScalePolicy file or folder (default: config/llama-8b.yaml)")
-    demo.add_argument("--trace", type=Path, help="trace file or ServeGen folder (default: "
-                      "loadtests/traces/AzureLLMInferenceTrace_conv_20min.csv)")
-    demo.add_argument("--trace-format", default="auto",
-                      choices=("auto", "azure", "mooncake", "servegen", "csv"),
-                      help="trace format (default: sniffed)")
-    demo.add_argument("--rate-scale", type=float, default=8.0,
-                      help="multiply the trace's request rate (default 8)")
-    demo.add_argument("--seed", type=int, default=0, help="seed for rate scaling (default 0)")
-    demo.add_argument("--speed", type=float, default=60.0,
-                      help="virtual seconds per real second (default 60)")
-    demo.add_argument("--duration", type=float, default=1200.0, metavar="SECONDS",
-                      help="virtual seconds of the trace to replay (default 1200: 20 s at 60x)")
-    demo.add_argument("--initial-replicas", type=int, metavar="N",
-                      help="replicas ready at the start (default: what the first minute needs)")
-    demo.add_argument("--report", type=Path, metavar="OUT.html",
-                      help="write the simulator's HTML report of the run")
-    demo.add_argument("--json", type=Path, metavar="OUT.json", help="write a JSON summary")
-    demo.add_argument("--no-ui", action="store_true",
-                      help="plain log lines instead of the live terminal view")
-    demo.add_argument("--metrics-api", action="store_true",
-                      help="also serve the external metrics API (TLS, self-signed, loopback)")
-    demo.add_argument("--log-level", default="WARNING",
-                      choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-                      help="the service's own log level, on stderr (default WARNING)")
-    demo.set_defaults(handler=run_demo)
-
 
 def run_service(args: argparse.Namespace) -> int:
     import asyncio
 
-    import pydantic
-
+    from scaler.actuators import cli as kube_cli
+    from scaler.core import settings as core_settings
     from scaler.service import logs, runner, settings
 
     try:
         loaded = settings.load_settings(args.settings)
-    except (FileNotFoundError, pydantic.ValidationError) as error:
-        print(f"scaler run: invalid settings: {error}", file=sys.stderr)
+    except core_settings.SettingsError as error:
+        for invalid in error.problems:
+            print(f"scaler run: invalid settings: {invalid}", file=sys.stderr)
         return 2
     if args.policies:
         loaded = loaded.model_copy(update={
@@ -100,21 +64,14 @@ def run_service(args: argparse.Namespace) -> int:
     if args.dry_run:
         loaded = loaded.model_copy(update={
             "kube": loaded.kube.model_copy(update={"dry_run": True})})
+    # Asked before anything starts, so a missing cluster is one line, not a traceback;
+    # exit 1 as any failed start (2 is for bad settings).
+    problem = asyncio.run(kube_cli.cluster_problem(loaded.kube))
+    if problem is not None:
+        print(f"scaler could not start: {problem}", file=sys.stderr)
+        return 1
     logs.configure(level=loaded.log.level, fmt=loaded.log.format)
     return asyncio.run(runner.Service(loaded).run_until_signalled())
-
-
-def run_demo(args: argparse.Namespace) -> int:
-    from scaler.service import demo
-
-    defaults = demo.DemoOptions()
-    options = demo.DemoOptions(
-        policy=args.policy or defaults.policy, trace=args.trace or defaults.trace,
-        trace_format=args.trace_format, rate_scale=args.rate_scale, seed=args.seed,
-        speed=args.speed, duration_s=args.duration, initial_replicas=args.initial_replicas,
-        report=args.report, json_path=args.json, ui=not args.no_ui,
-        metrics_api=args.metrics_api, log_level=args.log_level)
-    return demo.main(options)
 
 
 def fetch_decision(url: str, *, timeout: float) -> tuple[int, dict[str, Any]]:

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from scaler.actuators import timefmt
+from scaler.engine import types as engine_types
 from scaler.service import state as service_state
-
-SNAPSHOT_FIELDS = ("queue_depth", "in_flight", "tokens_per_second", "prompt_tokens_per_second",
-                   "p95_latency_s", "arrival_rate")
 
 
 def _json_safe(value: Any) -> Any:
@@ -30,9 +29,8 @@ def decision_document(
     """Everything about one evaluation: decision with reasons, what it saw, counters."""
     decision = observation.decision
     snapshot = {
-        name: None if value is None else dataclasses.asdict(value)
-        for name in SNAPSHOT_FIELDS
-        for value in (getattr(observation.snapshot, name),)
+        signal.value: None if value is None else dataclasses.asdict(value)
+        for signal, value in observation.snapshot.items()
     }
     cluster = observation.cluster
     document = {
@@ -75,19 +73,66 @@ def _replicas(count: int | None) -> str:
     return f"{count} replica" + ("" if count == 1 else "s")
 
 
+# What each rule measures, as a person says it: "demand says 5 (tokens per second)".
+_RULE_WORDS: dict[str, str] = {
+    engine_types.Rule.CONCURRENCY: "running and waiting requests",
+    engine_types.Rule.QUEUE_DEPTH: "the waiting queue",
+    engine_types.Rule.TOKENS_PER_SECOND: "tokens per second",
+    engine_types.Rule.P95_LATENCY: "the p95 latency guard",
+    engine_types.Rule.ARRIVAL_RATE: "the arrival rate",
+    engine_types.Rule.FORECAST: "the cold-start look-ahead",
+}
+# What a clamp did, given the count it left: "the down window holds 6".
+_CLAMP_WORDS: dict[str, str] = {
+    engine_types.ClampName.BACKLOG: "the backlog rule allows {after}",
+    engine_types.ClampName.STABILIZATION_UP: "the up window allows {after}",
+    engine_types.ClampName.STABILIZATION_DOWN: "the down window holds {after}",
+    engine_types.ClampName.RATE_LIMIT_UP: "the scale-up rate limit allows {after}",
+    engine_types.ClampName.RATE_LIMIT_DOWN: "the scale-down rate limit allows {after}",
+    engine_types.ClampName.HOLD_STALE: "a stale or missing signal holds {after}",
+    engine_types.ClampName.MIN: "the minimum is {after}",
+    engine_types.ClampName.WARM_FLOOR: "the warm floor is {after}",
+    engine_types.ClampName.MAX: "the maximum is {after}",
+    engine_types.ClampName.BUDGET: "the GPU budget allows {after}",
+    engine_types.ClampName.EXTERNAL_BUDGET: "the pool or tenant budget allows {after}",
+}
+
+
+def in_words(decision: Mapping[str, Any]) -> str:
+    """A decision as a person says it, for `scaler explain` and the demo's status line.
+
+    `decision` is `dataclasses.asdict(Decision)` or the `decision` of a decision
+    document (its JSON form). Example: a hold at 6 whose demand fell to 5 reads
+    "Keeping 6 replicas: demand says 5 (tokens per second), the down window holds 6."
+    (the engine's one-line `Decision.summary`, for Events and logs, is
+    "hold 6->6 (tokens_per_second); stabilization_down: 5->6").
+    """
+    current, desired = decision["current"], decision["desired"]
+    winner, held = decision["winner"], decision["held"]
+    if desired > current:
+        verb = f"Scaling up from {current} to {desired}"
+    elif desired < current:
+        verb = f"Scaling down from {current} to {desired}"
+    else:
+        verb = f"{'Holding' if held and winner is None else 'Keeping'} {_replicas(desired)}"
+    if winner is None:
+        # No fresh opinion: the engine held the current count (see `decide`, step 3).
+        reasons = ["no fresh signal to decide on, and missing data never scales down" if held
+                   else "no signal has an opinion, so the count stays"]
+    else:
+        reasons = [f"demand says {decision['recommendation']} "
+                   f"({_RULE_WORDS.get(winner, str(winner))})"]
+    reasons.extend(_CLAMP_WORDS.get(clamp["name"], str(clamp["name"]) + " gives {after}")
+                   .format(after=clamp["after"]) for clamp in decision["clamps"])
+    return f"{verb}: {', '.join(reasons)}."
+
+
 def describe(document: dict[str, Any]) -> str:
     """The decision document in plain words, one fact per line."""
     decision = document["decision"]
     cluster = document["cluster"]
-    lines = [f"{document['model']} at {document['time']}: {document['summary']}"]
-    verb = {
-        "up": f"Scaling up from {decision['current']} to {decision['desired']}.",
-        "down": f"Scaling down from {decision['current']} to {decision['desired']}.",
-        "hold": f"Keeping {decision['desired']} replicas.",
-        "held": f"Holding {decision['desired']} replicas: no fresh signal to decide on, "
-                "and missing data never scales down.",
-    }[document["outcome"]]
-    lines.append(verb)
+    lines = [f"{document['model']} at {document['time']}: {document['summary']}",
+             in_words(decision)]
     lines.append(
         f"Cluster: {cluster['current']} asked for, {cluster['ready']} ready, "
         f"{cluster['starting']} starting."
@@ -130,4 +175,10 @@ def describe(document: dict[str, Any]) -> str:
         lines.append("No limit changed the recommendation.")
     for note in decision["notes"]:
         lines.append(f"Note: {note}")
+    steps = decision.get("steps") or []
+    if steps:
+        lines.append("Steps:")
+        for step in steps:
+            count = "-" if step["replicas"] is None else str(step["replicas"])
+            lines.append(f"  {step['name']:<11} {count:>4}  {step['detail']}")
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from scaler.actuators import selectors, timefmt
+from scaler.core import vocabulary
 from scaler.engine import types
 from scaler.service import state as service_state
 
@@ -25,17 +26,13 @@ GROUP_VERSION = f"{GROUP}/{VERSION}"
 BASE = f"/apis/{GROUP_VERSION}"
 
 DESIRED_REPLICAS = "scaler_desired_replicas"
-QUEUE_DEPTH = "scaler_queue_depth"
-TOKENS_PER_SECOND = "scaler_tokens_per_second"
-P95_LATENCY = "scaler_p95_latency_seconds"
-METRIC_NAMES = (DESIRED_REPLICAS, QUEUE_DEPTH, TOKENS_PER_SECOND, P95_LATENCY)
-
-# Which snapshot field each signal metric serves.
-_SIGNAL_FIELDS = {
-    QUEUE_DEPTH: "queue_depth",
-    TOKENS_PER_SECOND: "tokens_per_second",
-    P95_LATENCY: "p95_latency_s",
+# The signals served (DESIGN 4.3), each under its vocabulary metric name.
+SERVED_SIGNALS = {
+    signal.metric_name: signal
+    for signal in (vocabulary.Signal.QUEUE_DEPTH, vocabulary.Signal.TOKENS_PER_SECOND,
+                   vocabulary.Signal.P95_LATENCY)
 }
+METRIC_NAMES = (DESIRED_REPLICAS, *SERVED_SIGNALS)
 
 
 def quantity(value: float) -> str:
@@ -74,7 +71,7 @@ def metric_point(
         return "no decision yet"
     if metric == DESIRED_REPLICAS:
         return MetricPoint(float(last.decision.desired), last.decision.at)
-    signal: types.SignalValue | None = getattr(last.snapshot, _SIGNAL_FIELDS[metric])
+    signal: types.SignalValue | None = last.snapshot.get(SERVED_SIGNALS[metric])
     if signal is None or not math.isfinite(signal.value):
         return "no value"
     # The sample was `age_s` old when the snapshot was taken at `last.at`; it has aged since.

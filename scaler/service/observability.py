@@ -15,15 +15,6 @@ from scaler.service import state as service_state
 MODEL = ["namespace", "model"]
 COST = ["namespace", "model", "tenant", "cost_center"]
 
-# Snapshot field -> the `signal` label in /metrics (units in the name where they differ).
-SIGNAL_LABELS = {
-    "queue_depth": "queue_depth",
-    "in_flight": "in_flight",
-    "tokens_per_second": "tokens_per_second",
-    "prompt_tokens_per_second": "prompt_tokens_per_second",
-    "p95_latency_s": "p95_latency_seconds",
-    "arrival_rate": "arrival_rate",
-}
 
 
 class StateCollector(Collector):
@@ -81,6 +72,9 @@ class StateCollector(Collector):
         decisions = g.counter("scaler_decisions", "Decisions by outcome (up, down, hold, held).",
                               [*MODEL, "outcome"])
         patches = g.counter("scaler_patches", "Scale patches by outcome.", [*MODEL, "outcome"])
+        evaluation_errors = g.counter(
+            "scaler_evaluation_errors", "Evaluations that failed (the model kept its replicas; "
+            "the next evaluation runs as usual).", MODEL)
         gpu_hours = g.counter("scaler_gpu_hours", "Allocated GPU-hours, cold starts included.",
                               COST)
         useful_hours = g.counter("scaler_useful_gpu_hours",
@@ -109,6 +103,7 @@ class StateCollector(Collector):
                 patches.add_metric([*key, outcome], count)
             for name, count in sorted(status.clamps.items()):
                 clamps.add_metric([*key, name], count)
+            evaluation_errors.add_metric(key, status.evaluation_errors)
             totals = status.cost
             last = status.last
             if last is not None:
@@ -116,8 +111,8 @@ class StateCollector(Collector):
                 # evaluations still sees the counters move.
                 totals = service_state.accrue(totals, policy=status.policy, since=last,
                                               until=now)
-            gpu_hours.add_metric(cost_key, totals.gpu_hours)
-            useful_hours.add_metric(cost_key, totals.useful_gpu_seconds / 3600.0)
+            gpu_hours.add_metric(cost_key, totals.allocated_gpu_hours)
+            useful_hours.add_metric(cost_key, totals.useful_gpu_hours)
             cost.add_metric(cost_key, totals.cost)
             idle_cost.add_metric(cost_key, totals.idle_cost)
             requests.add_metric(cost_key, totals.requests)
@@ -130,11 +125,10 @@ class StateCollector(Collector):
             if last is None:
                 continue
             decision = last.decision
-            for field, label in SIGNAL_LABELS.items():
-                value = getattr(last.snapshot, field)
+            for signal, value in last.snapshot.items():
                 if value is not None:
-                    signal_value.add_metric([*key, label], value.value)
-                    signal_age.add_metric([*key, label], value.age_s + max(0.0, now - last.at))
+                    signal_value.add_metric([*key, signal], value.value)
+                    signal_age.add_metric([*key, signal], value.age_s + max(0.0, now - last.at))
             for reason in decision.signals:
                 signal_fresh.add_metric([*key, reason.name], 1.0 if reason.fresh else 0.0)
                 if reason.recommendation is not None:

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
 from scaler.actuators import base as actuators
+from scaler.core import vocabulary
 from scaler.engine import decide as engine
 from scaler.engine import nodes, types
 from scaler.policy import model
@@ -29,7 +30,8 @@ class SnapshotSource(Protocol):
     """The part of the signal store the reactor reads."""
 
     def snapshot(
-        self, model: str, *, now: float, stale_after_s: float, latency_metric: str = "ttft"
+        self, model: str, *, now: float, stale_after_s: float,
+        latency_metric: vocabulary.LatencyMetric = vocabulary.DEFAULT_LATENCY_METRIC,
     ) -> types.SignalSnapshot: ...
 
 
@@ -179,12 +181,17 @@ class Reactor:
             return actuators.Outcome.FAILED
         now = self.wall_clock()
         spec = policy.spec
-        latency = spec.signals.p95_latency.metric if spec.signals.p95_latency else "ttft"
-        snapshot = self.store.snapshot(key, now=now, stale_after_s=spec.stale_after_seconds,
-                                       latency_metric=latency)
         engine_state = self._engine.get(key, types.EngineState())
-        decision, new_state = engine.decide(policy, snapshot=snapshot, cluster=cluster,
-                                            state=engine_state, now=now)
+        try:
+            snapshot = self.store.snapshot(key, now=now, stale_after_s=spec.stale_after_seconds,
+                                           latency_metric=spec.latency_metric)
+            decision, new_state = engine.decide(policy, snapshot=snapshot, cluster=cluster,
+                                                state=engine_state, now=now)
+        except Exception:  # a bug or an input the engine cannot take: hold, count, go on
+            log.exception("%s: evaluation failed; keeping %d replicas", key, cluster.current,
+                          extra={"model": key})
+            self.state.record_evaluation_error(key)
+            return actuators.Outcome.FAILED
         if decision.changed:
             applied = await self.actuator.apply(policy, decision)
             outcome = applied.outcome

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 import shutil
@@ -11,7 +12,7 @@ import signal
 import socket
 import tempfile
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from scaler.actuators import leader as kube_leader
 from scaler.actuators import resources as kube_resources
 from scaler.actuators import settings as kube_settings
 from scaler.actuators import wiring
-from scaler.policy import loader, model
+from scaler.policy import model
 from scaler.service import audit as audit_log
 from scaler.service import (
     http_api,
@@ -34,9 +35,7 @@ from scaler.service import (
 )
 from scaler.service import settings as service_settings
 from scaler.service import state as service_state
-from scaler.signals import base as signal_base
-from scaler.signals import http_push, jetstream, nats_core, store
-from scaler.signals import prometheus as prometheus_source
+from scaler.signals import http_push, nats_core, registry, samples, source, store
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +60,9 @@ class ClusterBackend:
     pool_actuators: Mapping[str, actuators.NodePoolActuator] = field(default_factory=dict)
     announce: Announce | None = None
     close: Callable[[], Awaitable[None]] | None = None
+    update: Callable[[Sequence[model.ScalePolicy]], Awaitable[None]] | None = None
+    """Called with the policies in force on every (re)load: Kubernetes watches pods only in
+    their namespaces."""
 
 
 async def kubernetes_backend(
@@ -80,7 +82,7 @@ async def kubernetes_backend(
 
     return ClusterBackend(reader=adapters.reader, actuator=adapters.replicas,
                           leader=adapters.leader, pool_actuators=adapters.pools,
-                          announce=announce, close=adapters.close)
+                          announce=announce, close=adapters.close, update=adapters.update)
 
 
 class Service:
@@ -96,7 +98,7 @@ class Service:
         self,
         settings: service_settings.Settings,
         *,
-        wall_clock: Callable[[], float] = signal_base.wall_clock,
+        wall_clock: Callable[[], float] = samples.wall_clock,
         identity: str | None = None,
         drain_timeout_s: float = 10.0,
         backend: ClusterBackend | None = None,
@@ -107,7 +109,7 @@ class Service:
         self.identity = identity or default_identity()
         self.drain_timeout_s = drain_timeout_s
         self.state = service_state.ServiceState()
-        self.store = store.SignalStore()
+        self.store = store.SignalStore(limits=settings.signals.store_limits())
         self.supervisor = tasks.Supervisor()
         self.http: web.RunningServer | None = None
         self.metrics_api: web.RunningServer | None = None
@@ -137,14 +139,24 @@ class Service:
         self.store.add_listener(self.reactor.notify)
 
         # Sources start with no routes; the first policy load gives them their config.
-        self.nats = nats_core.NatsCoreSource(settings.nats, self._nats_config([]),
-                                             clock=self.wall_clock)
-        self.jetstream = jetstream.JetStreamLagSource(
-            settings.nats, jetstream.JetStreamConfig(), clock=self.wall_clock)
-        self.prometheus = prometheus_source.PrometheusSource(
-            settings.prometheus, prometheus_source.PrometheusConfig(), clock=self.wall_clock)
-        for source in (self.nats, self.jetstream, self.prometheus):
-            self.state.add_drop_counter(source.name, _dropped(source.stats))
+        group, limits = settings.nats, settings.signals
+        push = None
+        if settings.http.push_token is not None:
+            push = http_push.HttpPushConfig(
+                token=settings.http.push_token.get_secret_value(), known={},
+                max_body_bytes=limits.push_max_body_bytes, max_items=limits.push_max_items,
+                limits=limits.message_limits())
+        self.sources = registry.build(registry.SourceSettings(
+            nats=group, prometheus=settings.prometheus, push=push,
+            subscribe=nats_core.NatsCoreConfig(prefix=group.subject_prefix,
+                                               wildcard=group.wildcard,
+                                               queue_group=group.queue_group,
+                                               limits=limits.message_limits())),
+            clock=self.wall_clock)
+        for each in self.sources:
+            self.state.add_drop_counter(each.name, _dropped(each.stats))
+        # Samples the store refused (a full model refuses new sources), beside the drops.
+        self.state.add_drop_counter("store", lambda: dict(self.store.refused))
 
         await self._serve()
         # Policies before leadership: a new leader must know what it leads.
@@ -154,26 +166,33 @@ class Service:
         await self.watcher.load_now()
         start = self.supervisor.start
         start("leader", self._lead())
-        start("source:nats", self.nats.run(self.store))
-        start("source:jetstream", self.jetstream.run(self.store))
-        start("source:prometheus", self.prometheus.run(self.store))
+        for each in self.sources:
+            start(_task_name(each), each.run(self.store))
         start("policy-watcher", self.watcher.run())
         start("reactor-backstop", self.reactor.run())
         start("store-expiry", self._expire())
         log.info("scaler started", extra={"identity": self.identity,
                                           "http": self.http.url if self.http else None})
 
+    async def wait_sources_ready(self) -> None:
+        """Until every source receives what it will (NATS subscribed)."""
+        for each in self.sources:
+            await each.wait_ready()
+
+    def source(self, name: str) -> source.SignalSource:
+        """The running source called `name` ('nats', 'jetstream', 'prometheus', 'http')."""
+        for each in self.sources:
+            if each.name == name:
+                return each
+        raise KeyError(f"no signal source {name!r}")
+
     async def _serve(self) -> None:
         settings = self.settings
-        registry = observability.make_registry(self.state, clock=self.wall_clock)
-        app = http_api.HttpApi(self.state, registry=registry).app()
-        self.push: http_push.HttpPushEndpoint | None = None
-        if settings.http.push_token is not None:
-            self.push = http_push.add_routes(
-                app, sink=self.store, clock=self.wall_clock,
-                config=http_push.HttpPushConfig(
-                    token=settings.http.push_token.get_secret_value(), known=frozenset()))
-            self.state.add_drop_counter(self.push.name, _dropped(self.push.stats))
+        metrics_registry = observability.make_registry(self.state, clock=self.wall_clock)
+        app = http_api.HttpApi(self.state, registry=metrics_registry).app()
+        for each in self.sources:
+            if isinstance(each, http_push.HttpPushSource):
+                each.mount(app)  # push shares the plain HTTP port
         self.http = await web.serve(app, host=settings.http.host, port=settings.http.port)
         if settings.metrics_api.enabled:
             api = metrics_api.MetricsApi(self.state, clock=self.wall_clock)
@@ -190,13 +209,6 @@ class Service:
                     "(development only)")
         return await tls.self_signed(self._cert_dir, hosts=group.self_signed_hosts)
 
-    def _nats_config(self, loaded: list[loader.LoadedPolicy]
-                     ) -> nats_core.NatsCoreConfig:
-        group = self.settings.nats
-        return nats_core.config_from_policies(
-            [item.policy for item in loaded], prefix=group.subject_prefix,
-            wildcard=group.wildcard, queue_group=group.queue_group)
-
     async def _apply_policies(self, policy_set: policies.PolicySet) -> None:
         """Hand a new policy set to every part that depends on it."""
         loaded = list(policy_set.policies.values())
@@ -207,13 +219,14 @@ class Service:
             kept=policy_set.kept))
         for gone in previous - {policy.key for policy in in_force}:
             self.store.forget(gone)
-        await self.nats.update(self._nats_config(loaded))
-        self.jetstream.update(jetstream.config_from_policies(in_force))
-        self.prometheus.update(prometheus_source.config_from_policies(in_force))
-        if self.push is not None:
-            self.push.update(http_push.HttpPushConfig(
-                token=self.push.config.token,
-                known=frozenset(policy.key for policy in in_force)))
+        # Stale values are retained (to be reported as stale) for twice the longest limit.
+        longest = max((policy.spec.stale_after_seconds for policy in in_force), default=0.0)
+        self.store.limits = dataclasses.replace(
+            self.store.limits, ttl_s=max(self.settings.signals.retain_seconds, 2 * longest))
+        for each in self.sources:
+            await each.update(in_force)
+        if self.backend is not None and self.backend.update is not None:
+            await self.backend.update(in_force)
         self.reactor.set_policies({policy.key: policy for policy in in_force})
         announce = self.backend.announce if self.backend is not None else None
         for key in policy_set.kept:
@@ -260,7 +273,8 @@ class Service:
         self._stopped = True
         self.state.set_draining()
         stop = self.supervisor.stop
-        for name in ("source:nats", "source:jetstream", "source:prometheus", "policy-watcher",
+        sources = getattr(self, "sources", ())
+        for name in (*(_task_name(each) for each in sources), "policy-watcher",
                      "reactor-backstop", "store-expiry"):
             await stop(name)
         if hasattr(self, "reactor"):
@@ -272,8 +286,8 @@ class Service:
         for server in (self.http, self.metrics_api):
             if server is not None:
                 await server.close()
-        if hasattr(self, "prometheus"):
-            self.prometheus.close()
+        for each in sources:
+            await each.close()
         if self.backend is not None and self.backend.close is not None:
             await self.backend.close()
         if self._audit is not None:
@@ -321,5 +335,9 @@ class Service:
         return 0
 
 
-def _dropped(stats: signal_base.SourceStats) -> service_state.DropCounter:
+def _task_name(each: source.SignalSource) -> str:
+    return f"source:{each.name}"
+
+
+def _dropped(stats: samples.SourceStats) -> service_state.DropCounter:
     return lambda: dict(stats.dropped)

@@ -3,38 +3,21 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import (
-    BaseSettings,
-    NoDecode,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    YamlConfigSettingsSource,
-)
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import NoDecode
 
 from scaler.actuators import settings as kube_settings
-from scaler.signals import connection
+from scaler.core import schema as core_schema
+from scaler.core import settings as core_settings
+from scaler.signals import connection, messages, store
 from scaler.signals import prometheus as prometheus_source
 
-ENV_PREFIX = "SCALER_"
 # `scaler run --settings PATH` wins; otherwise this variable names the file.
 SETTINGS_FILE_ENV = "SCALER_SETTINGS_FILE"
-
-
-def _split_commas(value: Any) -> Any:
-    """'a,b' -> ['a', 'b'] so list settings read naturally from one environment variable."""
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    return value
-
-
-class _Group(BaseModel):
-    """Base of the nested groups: unknown keys are typos, so they are errors; immutable."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class NatsSettings(connection.NatsSettings):
@@ -63,10 +46,10 @@ class NatsSettings(connection.NatsSettings):
         "(DESIGN 7). None: every replica sees every message, so followers keep warm state.",
     )
 
-    _split = field_validator("servers", mode="before")(_split_commas)
+    _split = field_validator("servers", mode="before")(core_settings.split_commas)
 
 
-class HttpSettings(_Group):
+class HttpSettings(core_settings.Group):
     """The plain HTTP port: /metrics, /healthz, /readyz, /v1/... (decisions, signal push)."""
 
     host: str = Field(
@@ -85,34 +68,41 @@ class HttpSettings(_Group):
     )
 
 
-class MetricsApiSettings(_Group):
+class MetricsApiSettings(core_settings.Group):
     """The external.metrics.k8s.io/v1beta1 API (DESIGN 4.3), served over TLS."""
 
-    enabled: bool = Field(default=True, description="Serve the external metrics API.")
-    host: str = Field(default="0.0.0.0", description="Listen address.")
+    enabled: bool = Field(
+        default=True, description="Serve the external metrics API, for teams whose HPA "
+        "reads the scaler's signals. Off: no TLS port is opened.")
+    host: str = Field(
+        default="0.0.0.0", description="Listen address. All interfaces, because the "
+        "kube-aggregator reaches the pod from outside.")
     port: int = Field(
         default=6443, ge=0, le=65535,
         description="TLS port. 6443 is what prometheus-adapter and KEDA's metrics server "
         "use, so existing APIService manifests fit (0 = any free port, for tests).",
     )
-    cert_file: Path | None = Field(default=None, description="PEM certificate.")
-    key_file: Path | None = Field(default=None, description="PEM private key.")
+    cert_file: Path | None = Field(
+        default=None, description="PEM certificate of the TLS port; goes with key_file. "
+        "None: a self-signed pair is made at start (development only).")
+    key_file: Path | None = Field(
+        default=None, description="PEM private key of cert_file. None: self-signed, as above.")
     self_signed_hosts: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["localhost", "127.0.0.1"],
         description="Names put in the self-signed certificate made when no cert/key is "
         "given (development only: the APIService then needs insecureSkipTLSVerify).",
     )
 
-    _split = field_validator("self_signed_hosts", mode="before")(_split_commas)
+    _split = field_validator("self_signed_hosts", mode="before")(core_settings.split_commas)
 
     @model_validator(mode="after")
     def _pair(self) -> MetricsApiSettings:
         if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("metrics_api.cert_file and metrics_api.key_file go together")
+            raise ValueError("cert_file and key_file go together")
         return self
 
 
-class EngineSettings(_Group):
+class EngineSettings(core_settings.Group):
     """When the reactor evaluates models."""
 
     backstop_tick_seconds: float = Field(
@@ -129,10 +119,58 @@ class EngineSettings(_Group):
     )
 
 
-class AuditSettings(_Group):
+class SignalLimitSettings(core_settings.Group):
+    """How much of what arrives on the signal bus is believed and kept (bound at the edge).
+
+    A model's own staleAfterSeconds is the age past which its messages are stale on
+    arrival; these are the limits that hold whatever the policies say.
+    """
+
+    max_message_bytes: int = Field(
+        default=64 * 1024, gt=0, le=64 * 1024,
+        description="Largest message body accepted, in bytes. 64 KiB: the contract's limit "
+        "(DESIGN 4.2); lower it to refuse more before parsing.")
+    max_future_s: float = Field(
+        default=5.0, ge=0,
+        description="Seconds a message's ts may lie ahead of the scaler's clock (clock "
+        "skew). 5 s: NTP-synced nodes are within milliseconds; minutes ahead is a bug.")
+    default_max_age_s: float = Field(
+        default=30.0, gt=0,
+        description="Age past which a message is stale on arrival when its model is not "
+        "known to the route (a model's policy sets its own). 30 s: the policies' default "
+        "staleAfterSeconds.")
+    max_sources_per_model: int = Field(
+        default=4096, gt=0,
+        description="Sources kept per model and signal; when full, a new source is refused "
+        "and counted, never a known one evicted. 4,096 replicas is past any real model.")
+    retain_seconds: float = Field(
+        default=300.0, gt=0,
+        description="Seconds a source's last value is kept after its timestamp (at least "
+        "twice the longest staleAfterSeconds in force, whatever is set), so a stale value "
+        "is reported as stale rather than missing, and a departed replica stops costing "
+        "memory.")
+    push_max_body_bytes: int = Field(
+        default=1024 * 1024, gt=0,
+        description="Largest HTTP push body, in bytes, enforced while reading. 1 MiB: about "
+        "5,000 typical 200-byte messages.")
+    push_max_items: int = Field(
+        default=1000, gt=0, description="Most messages in one HTTP push request.")
+
+    def message_limits(self) -> messages.Limits:
+        return messages.Limits(max_bytes=self.max_message_bytes, max_future_s=self.max_future_s,
+                               max_age_s=self.default_max_age_s)
+
+    def store_limits(self) -> store.StoreLimits:
+        return store.StoreLimits(ttl_s=self.retain_seconds,
+                                 max_sources=self.max_sources_per_model)
+
+
+class AuditSettings(core_settings.Group):
     """The audit log: one JSON line per decision, with its reasons."""
 
-    path: Path | None = Field(default=None, description="JSONL file; None disables the log.")
+    path: Path | None = Field(
+        default=None, description="JSONL file the decisions are appended to. None disables "
+        "the log: the decisions are still in /v1/models/... and the service log.")
     max_bytes: int = Field(
         default=10 * 1024 * 1024, gt=0,
         description="Rotate when the file passes this size. 10 MiB holds about 5,000 "
@@ -143,7 +181,7 @@ class AuditSettings(_Group):
     )
 
 
-class PolicySettings(_Group):
+class PolicySettings(core_settings.Group):
     """Where ScalePolicy files are and how often to look for changes."""
 
     paths: Annotated[list[Path], NoDecode] = Field(
@@ -158,94 +196,71 @@ class PolicySettings(_Group):
         "2 s is small next to the kubelet's own ~60 s ConfigMap sync.",
     )
 
-    _split = field_validator("paths", mode="before")(_split_commas)
+    _split = field_validator("paths", mode="before")(core_settings.split_commas)
 
 
-class LogSettings(_Group):
+class LogSettings(core_settings.Group):
     """The service's own log (decisions go to the audit log as well)."""
 
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        default="INFO", description="Root log level."
+        default="INFO", description="Root log level. INFO: one line per scaling action and "
+        "per problem, not per sample."
     )
     format: Literal["json", "text"] = Field(
-        default="json", description="json: one object per line, for log collectors."
+        default="json", description="json: one object per line, for log collectors (the "
+        "default, since the service runs in a cluster); text: for a terminal."
     )
 
 
-class Settings(BaseSettings):
+class Settings(core_settings.RootSettings):
     """All service settings. Environment: SCALER_<GROUP>__<FIELD>, e.g. SCALER_HTTP__PORT."""
 
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        env_nested_delimiter="__",
-        extra="forbid",
-        frozen=True,
-    )
-
-    nats: NatsSettings = Field(default_factory=NatsSettings)
+    nats: NatsSettings = Field(
+        default_factory=NatsSettings,
+        description="Where signal messages arrive: NATS servers, auth, TLS, reconnects.")
     prometheus: prometheus_source.PrometheusSettings = Field(
-        default_factory=prometheus_source.PrometheusSettings)
-    kube: kube_settings.KubeSettings = Field(default_factory=kube_settings.KubeSettings)
-    http: HttpSettings = Field(default_factory=HttpSettings)
-    metrics_api: MetricsApiSettings = Field(default_factory=MetricsApiSettings)
-    engine: EngineSettings = Field(default_factory=EngineSettings)
-    audit: AuditSettings = Field(default_factory=AuditSettings)
-    policies: PolicySettings = Field(default_factory=PolicySettings)
-    log: LogSettings = Field(default_factory=LogSettings)
+        default_factory=prometheus_source.PrometheusSettings,
+        description="The Prometheus server that policies with spec.sources.prometheus query.")
+    kube: kube_settings.KubeSettings = Field(
+        default_factory=kube_settings.KubeSettings,
+        description="The Kubernetes API: client, retries, Lease, Events, placeholder pods.")
+    http: HttpSettings = Field(
+        default_factory=HttpSettings,
+        description="The plain HTTP port: /metrics, health probes, decisions, signal push.")
+    metrics_api: MetricsApiSettings = Field(
+        default_factory=MetricsApiSettings,
+        description="The external metrics API (external.metrics.k8s.io) for HPAs, over TLS.")
+    engine: EngineSettings = Field(
+        default_factory=EngineSettings,
+        description="When models are evaluated: the backstop tick and sample coalescing.")
+    signals: SignalLimitSettings = Field(
+        default_factory=SignalLimitSettings,
+        description="Bounds on what the signal sources accept and the store keeps.")
+    audit: AuditSettings = Field(
+        default_factory=AuditSettings,
+        description="The JSONL audit log of every decision with its reasons.")
+    policies: PolicySettings = Field(
+        default_factory=PolicySettings,
+        description="Where ScalePolicy files are and how often they are checked for changes.")
+    log: LogSettings = Field(
+        default_factory=LogSettings, description="The service's own log: level and format.")
 
 
 def load_settings(
-    path: Path | None = None, *, environ: dict[str, str] | None = None
+    path: Path | None = None, *, environ: Mapping[str, str] | None = None
 ) -> Settings:
     """Settings from `path` (or $SCALER_SETTINGS_FILE) and the environment.
 
     `environ` replaces os.environ (tests pass their own mapping instead of mutating it).
-    A missing file named explicitly is an error, not silently the defaults.
+    A missing file named explicitly is an error, not silently the defaults. Raises
+    SettingsError, whose lines name the file or variable, the field and what is allowed.
     """
     env = os.environ if environ is None else environ
     if path is None and env.get(SETTINGS_FILE_ENV):
         path = Path(env[SETTINGS_FILE_ENV])
-    if path is not None and not path.is_file():
-        raise FileNotFoundError(f"settings file {path} does not exist")
-    yaml_path = path
-
-    class _Loaded(Settings):
-        model_config = SettingsConfigDict(title="Settings")
-
-        @classmethod
-        def settings_customise_sources(
-            cls,
-            settings_cls: type[BaseSettings],
-            init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource,
-            dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-        ) -> tuple[PydanticBaseSettingsSource, ...]:
-            # Arguments beat the environment, which beats the file: an operator can override
-            # one value of a mounted settings file with one variable.
-            sources = [init_settings]
-            if environ is None:
-                sources.append(env_settings)
-            if yaml_path is not None:
-                sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_path))
-            return tuple(sources)
-
-    # An explicit mapping enters as init arguments, exploded like the environment would be.
-    loaded: Settings = _Loaded(**({} if environ is None else _explode_env(environ)))
-    return loaded
+    return core_settings.load(Settings, path=path, environ=env)
 
 
-def _explode_env(environ: dict[str, str]) -> dict[str, Any]:
-    """Nested dict from SCALER_GROUP__FIELD keys, for an explicit environment mapping."""
-    out: dict[str, Any] = {}
-    for key, value in environ.items():
-        if not key.startswith(ENV_PREFIX) or key == SETTINGS_FILE_ENV:
-            continue
-        parts = key[len(ENV_PREFIX):].lower().split("__")
-        if parts[0] not in Settings.model_fields:
-            continue  # e.g. SCALER_TEST_KUBECONFIG belongs to the tests, not to the service
-        node = out
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    return out
+def schema_document() -> dict[str, Any]:
+    """The JSON Schema of the settings file (snake_case keys, as in the YAML file)."""
+    return core_schema.document(Settings, title="Settings", by_alias=False)

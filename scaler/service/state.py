@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from scaler.engine import cost as engine_cost
 from scaler.engine import types
 from scaler.policy import loader, model
 
@@ -32,33 +33,6 @@ class Observation:
     snapshot: types.SignalSnapshot
     cluster: types.ClusterState
     at: float
-
-
-@dataclass(frozen=True, slots=True)
-class CostTotals:
-    """Accumulated GPU use and its price since the service started (DESIGN 1 vocabulary).
-
-    gpu_seconds: allocated GPU-seconds (pods that exist, starting ones included).
-    useful_gpu_seconds: the busy share of them (estimated, see `busy_ratio`).
-    requests: requests served, from the arrival-rate signal or explicit counts.
-    """
-
-    gpu_seconds: float = 0.0
-    useful_gpu_seconds: float = 0.0
-    cost: float = 0.0
-    idle_cost: float = 0.0
-    requests: float = 0.0
-
-    @property
-    def gpu_hours(self) -> float:
-        return self.gpu_seconds / 3600.0
-
-    @property
-    def cost_per_1k_requests(self) -> float | None:
-        """cost / requests * 1000, or None before any request was counted."""
-        if self.requests <= 0:
-            return None
-        return self.cost / self.requests * 1000.0
 
 
 def busy_ratio(policy: model.ScalePolicy, obs: Observation) -> float:
@@ -90,8 +64,8 @@ def _unit(ratio: float) -> float:
 
 
 def accrue(
-    totals: CostTotals, *, policy: model.ScalePolicy, since: Observation, until: float
-) -> CostTotals:
+    totals: engine_cost.Cost, *, policy: model.ScalePolicy, since: Observation, until: float
+) -> engine_cost.Cost:
     """Add the GPU time from `since.at` to `until` at the allocation `since` observed.
 
     Allocated pods are the ready plus the starting ones: a cold start holds its GPUs.
@@ -104,16 +78,11 @@ def accrue(
     gpus_per_replica = policy.spec.resources.gpus_per_replica
     allocated = (since.cluster.ready + len(since.cluster.starting)) * gpus_per_replica
     useful = since.cluster.ready * gpus_per_replica * busy_ratio(policy, since)
-    hourly = policy.spec.cost.gpu_hourly
     arrivals = since.snapshot.arrival_rate
     requests = arrivals.value * seconds if arrivals is not None and arrivals.value > 0 else 0.0
-    return CostTotals(
-        gpu_seconds=totals.gpu_seconds + allocated * seconds,
-        useful_gpu_seconds=totals.useful_gpu_seconds + useful * seconds,
-        cost=totals.cost + allocated * seconds / 3600.0 * hourly,
-        idle_cost=totals.idle_cost + (allocated - useful) * seconds / 3600.0 * hourly,
-        requests=totals.requests + requests,
-    )
+    return totals + engine_cost.of_gpu_time(
+        allocated_gpu_seconds=allocated * seconds, useful_gpu_seconds=useful * seconds,
+        gpu_hourly=policy.spec.cost.gpu_hourly, requests=requests)
 
 
 def decision_outcome(decision: types.Decision) -> str:
@@ -145,7 +114,8 @@ class ModelStatus:
     decisions: Mapping[str, int]
     patches: Mapping[str, int]
     clamps: Mapping[str, int]
-    cost: CostTotals
+    cost: engine_cost.Cost
+    evaluation_errors: int = 0
 
     @property
     def key(self) -> str:
@@ -183,7 +153,8 @@ class _Entry:
     decisions: collections.Counter[str] = field(default_factory=collections.Counter)
     patches: collections.Counter[str] = field(default_factory=collections.Counter)
     clamps: collections.Counter[str] = field(default_factory=collections.Counter)
-    cost: CostTotals = field(default_factory=CostTotals)
+    cost: engine_cost.Cost = field(default_factory=engine_cost.Cost)
+    evaluation_errors: int = 0
 
 
 DropCounter = Callable[[], Mapping[str, int]]
@@ -297,6 +268,12 @@ class ServiceState:
         if entry is not None:
             entry.patches[outcome] += 1
 
+    def record_evaluation_error(self, key: str) -> None:
+        """Count an evaluation that failed (the model kept its replicas)."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            entry.evaluation_errors += 1
+
     def record_requests(self, key: str, count: float) -> None:
         """Add served requests counted elsewhere (e.g. HTTP push), for cost per 1k requests."""
         entry = self._entries.get(key)
@@ -351,4 +328,5 @@ def _view(entry: _Entry) -> ModelStatus:
         patches=dict(entry.patches),
         clamps=dict(entry.clamps),
         cost=entry.cost,
+        evaluation_errors=entry.evaluation_errors,
     )

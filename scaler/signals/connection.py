@@ -11,29 +11,34 @@ from pathlib import Path
 from typing import Any
 
 from nats.aio.client import Client, Server
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, model_validator
 
-from scaler.signals import base
+from scaler.core import backoff as core_backoff
+from scaler.core import settings as core_settings
+from scaler.signals import samples
 
 log = logging.getLogger(__name__)
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class NatsTls(_Frozen):
+class NatsTls(core_settings.Group):
     """TLS to the NATS server: a CA to verify it, and a client certificate for mTLS."""
 
-    ca_file: Path | None = Field(default=None, description="PEM CA bundle; system CAs if unset")
-    cert_file: Path | None = Field(default=None, description="client certificate (mTLS)")
-    key_file: Path | None = Field(default=None, description="client key (mTLS)")
-    hostname: str | None = Field(default=None, description="name to verify, if not the URL's")
+    ca_file: Path | None = Field(
+        default=None, description="PEM CA bundle that signed the server's certificate. "
+        "None: the system CAs, which is right for a publicly signed server.")
+    cert_file: Path | None = Field(
+        default=None, description="PEM client certificate, for mTLS; goes with key_file. "
+        "None: no client certificate (the server decides whether it needs one).")
+    key_file: Path | None = Field(
+        default=None, description="PEM private key of cert_file. None: no client certificate.")
+    hostname: str | None = Field(
+        default=None, description="Name the server's certificate must carry. None: the host "
+        "of the server URL, which is right unless NATS is reached through an IP or a proxy.")
 
     @model_validator(mode="after")
     def _pair(self) -> NatsTls:
         if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("tls.certFile and tls.keyFile go together")
+            raise ValueError("cert_file and key_file go together")
         return self
 
     def context(self) -> ssl.SSLContext:
@@ -45,30 +50,51 @@ class NatsTls(_Frozen):
         return context
 
 
-class NatsSettings(_Frozen):
+class NatsSettings(core_settings.Group):
     """How to reach NATS. One auth method at most: user/password, token, NKey seed or creds.
 
-    Reconnection never gives up: the delay before attempt n (n = failed attempts so far)
-    is min(reconnect_max_s, reconnect_base_s * 2**n) times a jitter in [0.5, 1], so with
-    the defaults 0.25 s, 0.5 s, 1 s, ... up to 10 s: a restarted server is found within
-    about 10 s, and a thousand scalers do not reconnect in lock-step.
+    Reconnection never gives up; the wait before each attempt follows `reconnect`
+    (scaler.core.backoff).
     """
 
-    servers: tuple[str, ...] = ("nats://127.0.0.1:4222",)
-    name: str = "scaler"
-    user: str | None = None
-    password: SecretStr | None = None
-    token: SecretStr | None = None
-    nkey_seed_file: Path | None = Field(default=None, description="needs the nkeys package")
-    creds_file: Path | None = Field(default=None, description="JWT + seed; needs nkeys")
-    tls: NatsTls | None = None
-    connect_timeout_s: int = Field(default=2, ge=1, description="per attempt, seconds")
-    reconnect_base_s: float = Field(default=0.25, gt=0)
-    reconnect_max_s: float = Field(default=10.0, gt=0)
+    servers: tuple[str, ...] = Field(
+        default=("nats://127.0.0.1:4222",),
+        description="NATS server URLs; the client picks among them and fails over. "
+        "Default: a local server.")
+    name: str = Field(
+        default="scaler", description="Client name shown in the server's connection list "
+        "(`nats server report connections`), to tell the scaler's connections apart.")
+    user: str | None = Field(
+        default=None, description="User name for user/password auth; goes with password. "
+        "None: no user/password (NATS without auth, or another method).")
+    password: SecretStr | None = Field(
+        default=None, description="Password of user; never printed.")
+    token: SecretStr | None = Field(
+        default=None, description="Token auth; never printed. None: no token.")
+    nkey_seed_file: Path | None = Field(
+        default=None, description="NKey seed file for NKey auth (needs the nkeys package). "
+        "None: no NKey.")
+    creds_file: Path | None = Field(
+        default=None, description="Credentials file (JWT + NKey seed, as `nsc` writes it) "
+        "for decentralised auth; needs the nkeys package. None: no credentials file.")
+    tls: NatsTls | None = Field(
+        default=None, description="TLS settings. None: TLS only if a URL says tls://, "
+        "verified against the system CAs.")
+    connect_timeout_s: int = Field(
+        default=2, ge=1, description="Timeout of one connection attempt, whole seconds "
+        "(nats-py's unit). 2 s: a loopback or in-cluster server answers in milliseconds.")
+    reconnect: core_backoff.Backoff = Field(
+        default_factory=core_backoff.Backoff,
+        description="Wait before each reconnect attempt; reconnection never gives up. "
+        "0.25 s doubling to 10 s, each shortened by up to half: a restarted server is found "
+        "within about 10 s, and a thousand scalers do not reconnect in lock-step.")
     ping_interval_s: int = Field(
-        default=20, ge=1, description="a dead server is noticed after ~2 pings, 40 s"
-    )
-    max_outstanding_pings: int = Field(default=2, ge=1)
+        default=20, ge=1, description="Seconds between client PINGs. With "
+        "max_outstanding_pings 2 a dead server is noticed after about 40 s (nats-py's "
+        "default is 120 s, too slow for signals that go stale in 30 s).")
+    max_outstanding_pings: int = Field(
+        default=2, ge=1, description="Unanswered PINGs before the connection counts as "
+        "dead and the client reconnects.")
 
     @model_validator(mode="after")
     def _one_auth(self) -> NatsSettings:
@@ -85,18 +111,6 @@ class NatsSettings(_Frozen):
         return self
 
 
-def backoff_delay(
-    attempt: int, *, base_s: float, max_s: float, jitter: float = 1.0
-) -> float:
-    """Seconds to wait before reconnect attempt `attempt` (0 = first retry).
-
-    `jitter` in [0, 1] (random in production) scales the delay into [0.5, 1] of the
-    exponential step: base 0.25 s, attempt 3 -> 2 s step -> 1 to 2 s.
-    """
-    step = min(max_s, base_s * math.pow(2.0, min(attempt, 62)))
-    return step * (0.5 + 0.5 * min(1.0, max(0.0, jitter)))
-
-
 Callback = Callable[[], Awaitable[None]]
 
 
@@ -104,7 +118,7 @@ async def connect(
     client: Client,
     settings: NatsSettings,
     *,
-    stats: base.SourceStats,
+    stats: samples.SourceStats,
     on_reconnected: Callback | None = None,
     rng: random.Random | None = None,
 ) -> None:
@@ -118,12 +132,9 @@ async def connect(
 
     def choose(servers: list[Server], _info: dict[str, Any]) -> tuple[Server | None, float]:
         server = min(servers, key=lambda s: s.reconnects)
-        delay = backoff_delay(
-            server.reconnects,
-            base_s=settings.reconnect_base_s,
-            max_s=settings.reconnect_max_s,
-            jitter=jitter.random(),
-        )
+        # nats-py counts a server's failed reconnects: 0 before the first retry.
+        delay = core_backoff.delay_s(
+            settings.reconnect, retry=server.reconnects + 1, jitter=jitter.random())
         return server, delay
 
     async def on_error(exc: Exception) -> None:
@@ -163,7 +174,7 @@ async def connect(
         max_reconnect_attempts=-1,  # forever
         # Used by the first connection's retries only (whole seconds in nats-py); later
         # reconnects take their delay from `choose`.
-        reconnect_time_wait=max(1, math.ceil(settings.reconnect_base_s)),
+        reconnect_time_wait=max(1, math.ceil(settings.reconnect.base_delay_s)),
         reconnect_to_server_handler=choose,
         connect_timeout=settings.connect_timeout_s,
         ping_interval=settings.ping_interval_s,

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 from aiohttp import web
 
-from scaler.signals import base, messages
+from scaler.policy import model as policy_model
+from scaler.signals import messages, samples
 
 log = logging.getLogger(__name__)
 
@@ -25,28 +28,33 @@ class HttpPushConfig:
       development only: anyone who can reach it could then scale models).
     max_body_bytes: 1 MiB = 16 contract-sized messages, or ~5,000 typical 200-byte ones.
     max_items: messages per request.
-    known: model keys with a policy (None = accept any model).
+    known: model key -> its policy's staleAfterSeconds, for the models with a policy
+      (None = accept any model, stale after the limits' max_age_s).
     """
 
     token: str | None = field(default=None, repr=False)
     max_body_bytes: int = 1024 * 1024
     max_items: int = 1000
     limits: messages.Limits = messages.DEFAULT_LIMITS
-    known: frozenset[str] | None = None
+    known: Mapping[str, float] | None = None
 
 
-class HttpPushEndpoint:
-    """The POST /v1/signals handler; counters in `stats`, config replaced by `update`."""
+class HttpPushSource:
+    """The POST /v1/signals handler as a signal source; counters in `stats`.
+
+    It has no connection of its own: `mount` puts the handler on the service's HTTP app,
+    and `run` hands it the sink (until then a push is answered 503).
+    """
 
     def __init__(
         self,
         config: HttpPushConfig,
         *,
-        sink: base.SampleSink,
-        clock: base.Clock = base.wall_clock,
+        sink: samples.SampleSink | None = None,
+        clock: samples.Clock = samples.wall_clock,
     ) -> None:
         self.config = config
-        self.stats = base.SourceStats()
+        self.stats = samples.SourceStats()
         self._sink = sink
         self._clock = clock
 
@@ -54,8 +62,29 @@ class HttpPushEndpoint:
     def name(self) -> str:
         return "http"
 
-    def update(self, config: HttpPushConfig) -> None:
+    def mount(self, app: web.Application) -> None:
+        app.router.add_post(PATH, self.handle)
+
+    async def run(self, sink: samples.SampleSink) -> None:
+        self._sink = sink
+        try:
+            await asyncio.Future()  # until cancelled
+        finally:
+            self._sink = None
+
+    async def update(self, policies: Sequence[policy_model.ScalePolicy]) -> None:
+        """Accept pushes for the policies in force, each with its own stale limit."""
+        self.configure(replace(self.config, known={
+            policy.key: policy.spec.stale_after_seconds for policy in policies}))
+
+    def configure(self, config: HttpPushConfig) -> None:
         self.config = config
+
+    async def wait_ready(self) -> None:
+        """Polled (or pushed to): nothing to wait for."""
+
+    async def close(self) -> None:
+        """Nothing to release: the HTTP server belongs to the service."""
 
     def _authorized(self, request: web.Request) -> bool:
         token = self.config.token
@@ -84,6 +113,9 @@ class HttpPushEndpoint:
             chunks.append(chunk)
 
     async def handle(self, request: web.Request) -> web.Response:
+        sink = self._sink
+        if sink is None:
+            return web.json_response({"error": "not_ready"}, status=503)
         if not self._authorized(request):
             self.stats.error("unauthorized")
             return web.json_response(
@@ -93,33 +125,34 @@ class HttpPushEndpoint:
             )
         body = await self._read_body(request)
         if body is None:
-            self.stats.drop(messages.OVERSIZED)
+            self.stats.drop(messages.DropReason.OVERSIZED)
             return web.json_response(
                 {"error": "oversized", "max_bytes": self.config.max_body_bytes}, status=413
             )
         try:
             decoded = json.loads(body)
         except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8
-            self.stats.drop(messages.MALFORMED_JSON)
+            self.stats.drop(messages.DropReason.MALFORMED_JSON)
             return web.json_response(
-                {"error": messages.MALFORMED_JSON, "detail": str(exc)[:200]}, status=400
+                {"error": messages.DropReason.MALFORMED_JSON, "detail": str(exc)[:200]}, status=400
             )
         items = decoded if isinstance(decoded, list) else [decoded]
         if not isinstance(decoded, list | dict):
-            self.stats.drop(messages.SCHEMA)
+            self.stats.drop(messages.DropReason.SCHEMA)
             return web.json_response(
-                {"error": messages.SCHEMA, "detail": "expected an object or a list"}, status=400
+                {"error": messages.DropReason.SCHEMA, "detail": "expected an object or a list"},
+                status=400,
             )
         if len(items) > self.config.max_items:
-            self.stats.drop(messages.OVERSIZED)
+            self.stats.drop(messages.DropReason.OVERSIZED)
             return web.json_response(
                 {"error": "too_many_items", "max_items": self.config.max_items}, status=413
             )
         now = self._clock()
-        route = messages.Route(known=self.config.known)
+        route = messages.Route(models=self.config.known)
         accepted = 0
         errors: list[dict[str, object]] = []
-        samples: list[base.Sample] = []
+        batch: list[samples.Sample] = []
         for index, item in enumerate(items):
             result = messages.parse_item(
                 item, now=now, limits=self.config.limits, route=route, transport="http"
@@ -128,20 +161,20 @@ class HttpPushEndpoint:
                 errors.append({"index": index, "reason": result.reason, "detail": result.detail})
             else:
                 accepted += 1
-            samples.extend(messages.tally(self.stats, result))
-        if samples:
-            self._sink.put(samples)
+            batch.extend(messages.tally(self.stats, result))
+        if batch:
+            sink.put(batch)
         return web.json_response({"accepted": accepted, "errors": errors}, status=202)
 
 
 def add_routes(
     app: web.Application,
     *,
-    sink: base.SampleSink,
+    sink: samples.SampleSink,
     config: HttpPushConfig,
-    clock: base.Clock = base.wall_clock,
-) -> HttpPushEndpoint:
-    """Mount POST /v1/signals on `app` (the service's aiohttp app); returns the endpoint."""
-    endpoint = HttpPushEndpoint(config, sink=sink, clock=clock)
-    app.router.add_post(PATH, endpoint.handle)
-    return endpoint
+    clock: samples.Clock = samples.wall_clock,
+) -> HttpPushSource:
+    """Mount POST /v1/signals on `app` with a sink already given (tests, benchmarks)."""
+    source = HttpPushSource(config, sink=sink, clock=clock)
+    source.mount(app)
+    return source

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from scaler.core import vocabulary
 from scaler.policy import model as policy_model
-from scaler.signals import base, connection
+from scaler.signals import connection, polling, samples
 
 log = logging.getLogger(__name__)
 
@@ -88,29 +89,39 @@ class JetStreamLagSource:
     def __init__(
         self,
         settings: connection.NatsSettings,
-        config: JetStreamConfig,
+        config: JetStreamConfig | None = None,
         *,
-        clock: base.Clock = base.wall_clock,
+        clock: samples.Clock = samples.wall_clock,
     ) -> None:
         self.settings = settings
-        self.config = config
-        self.stats = base.SourceStats()
+        self.config = config or JetStreamConfig()
+        self.stats = samples.SourceStats()
         self._clock = clock
         self._sequences: dict[LagTarget, SequencePoint] = {}
-        self._poller: base.Poller[LagTarget] = base.Poller()
+        self._poller: polling.Poller[LagTarget] = polling.Poller()
 
     @property
     def name(self) -> str:
         return "jetstream"
 
-    def update(self, config: JetStreamConfig) -> None:
-        """Replace the targets (policy reload); new ones are polled at once."""
+    async def update(self, policies: Sequence[policy_model.ScalePolicy]) -> None:
+        """Poll the consumers the policies in force name (policy reload)."""
+        self.configure(config_from_policies(policies, timeout_s=self.config.timeout_s))
+
+    async def wait_ready(self) -> None:
+        """Polled (or pushed to): nothing to wait for."""
+
+    async def close(self) -> None:
+        """Nothing beyond `run`'s own cleanup: the connection closes when it is cancelled."""
+
+    def configure(self, config: JetStreamConfig) -> None:
+        """Replace the targets; new ones are polled at once."""
         self.config = config
         kept = set(config.targets)
         self._sequences = {t: p for t, p in self._sequences.items() if t in kept}
         self._poller.wake()
 
-    async def run(self, sink: base.SampleSink) -> None:
+    async def run(self, sink: samples.SampleSink) -> None:
         client = Client()
         try:
             await connection.connect(client, self.settings, stats=self.stats)
@@ -127,7 +138,9 @@ class JetStreamLagSource:
             if not client.is_closed:
                 await client.close()
 
-    async def poll(self, js: JetStreamContext, target: LagTarget, sink: base.SampleSink) -> None:
+    async def poll(
+        self, js: JetStreamContext, target: LagTarget, sink: samples.SampleSink
+    ) -> None:
         """One poll of one target. Errors and timeouts are counted, never raised."""
         try:
             consumer = await js.consumer_info(
@@ -142,13 +155,14 @@ class JetStreamLagSource:
         point = SequencePoint(last_seq=stream.state.last_seq, at=asyncio.get_running_loop().time())
         rate = arrival_rate(self._sequences.get(target), point)
         self._sequences[target] = point
-        samples = [
-            base.Sample(target.model, base.QUEUE_DEPTH, target.source, ts,
+        out = [
+            samples.Sample(target.model, vocabulary.Signal.QUEUE_DEPTH, target.source, ts,
                         float(consumer.num_pending or 0)),
-            base.Sample(target.model, base.IN_FLIGHT, target.source, ts,
+            samples.Sample(target.model, vocabulary.Signal.IN_FLIGHT, target.source, ts,
                         float(consumer.num_ack_pending or 0)),
         ]
         if rate is not None:
-            samples.append(base.Sample(target.model, base.ARRIVAL_RATE, target.source, ts, rate))
+            out.append(samples.Sample(target.model, vocabulary.Signal.ARRIVAL_RATE,
+                                      target.source, ts, rate))
         self.stats.accepted += 1
-        sink.put(samples)
+        sink.put(out)

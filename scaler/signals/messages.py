@@ -2,30 +2,35 @@
 
 from __future__ import annotations
 
+import enum
 import json
-from collections.abc import Container
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Final, Literal
+from typing import Annotated, Final
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from scaler.signals import base
+from scaler.core import histogram, vocabulary
+from scaler.signals import samples
 
 MAX_MESSAGE_BYTES: Final = 64 * 1024
 """The contract's limit: one JSON object of at most 64 KiB."""
 
-# Drop reasons, as counted in /metrics (label `reason`).
-MALFORMED_JSON: Final = "malformed_json"
-SCHEMA: Final = "schema"
-OVERSIZED: Final = "oversized"
-FUTURE_DATED: Final = "future_dated"
-STALE: Final = "stale"
-UNKNOWN_MODEL: Final = "unknown_model"
-SUBJECT_MISMATCH: Final = "subject_mismatch"
-DROP_REASONS: Final = (
-    MALFORMED_JSON, SCHEMA, OVERSIZED, FUTURE_DATED, STALE, UNKNOWN_MODEL, SUBJECT_MISMATCH,
-)
+
+
+class DropReason(enum.StrEnum):
+    """Why a message was refused, as counted in /metrics (label `reason`)."""
+
+    MALFORMED_JSON = "malformed_json"
+    SCHEMA = "schema"
+    OVERSIZED = "oversized"
+    FUTURE_DATED = "future_dated"
+    STALE = "stale"
+    UNKNOWN_MODEL = "unknown_model"
+    SUBJECT_MISMATCH = "subject_mismatch"
+    IMPLAUSIBLE = "implausible"
+
 
 _Finite = Annotated[float, Field(allow_inf_nan=False)]
 _Count = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -34,7 +39,9 @@ _Name = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9
 
 class _Strict(BaseModel):
     # Unknown fields are ignored (publishers may add their own); values are immutable.
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    # Strict types: a boolean is not a count, a string is not a number ("in_flight": true
+    # would otherwise read as 1).
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
 
 
 class HistogramBody(_Strict):
@@ -53,7 +60,9 @@ class HistogramBody(_Strict):
 
 
 class LatencyBody(_Strict):
-    metric: Literal["ttft", "e2e", "itl"] = "ttft"
+    # Strict elsewhere, but an enum's value is a string in a decoded HTTP body too.
+    metric: Annotated[vocabulary.LatencyMetric, Field(strict=False)] = (
+        vocabulary.DEFAULT_LATENCY_METRIC)
     p95_seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     histogram: HistogramBody | None = None
 
@@ -61,7 +70,7 @@ class LatencyBody(_Strict):
 class SignalMessage(_Strict):
     """One message body. Every field but `v`, `model` and `ts` is optional."""
 
-    v: Literal[1]
+    v: int
     model: _Name
     namespace: _Name | None = None
     source: Annotated[str, Field(min_length=1, max_length=253)] | None = None
@@ -70,8 +79,17 @@ class SignalMessage(_Strict):
     in_flight: _Count | None = None
     tokens_per_second: _Count | None = None
     prompt_tokens_per_second: _Count | None = None
+    completion_rate: _Count | None = None
     latency: LatencyBody | None = None
-    ready: bool | None = None
+
+    @model_validator(mode="after")
+    def _version(self) -> SignalMessage:
+        if self.v != 1:
+            raise ValueError(f"v must be 1, not {self.v}")
+        return self
+
+    # `ready` (DESIGN 4.2) is accepted and ignored like any unknown field: readiness is
+    # read from the cluster (the pods' Ready condition), which a publisher cannot fake.
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +98,10 @@ class Limits:
 
     max_bytes: the contract's 64 KiB. max_future_s: clock skew tolerated between a
     publisher and the scaler (a `ts` 2 s ahead is skew; 5 min ahead is a bug).
-    max_age_s: older messages are stale on arrival (30 s: the policies' default
-    staleAfterSeconds, so they would be ignored anyway; set it to at least the largest
-    staleAfterSeconds in force).
+    max_age_s: for a model the route does not know, older messages are stale on arrival
+    (30 s, the policies' default staleAfterSeconds). A known model's own
+    staleAfterSeconds applies instead (`Route.models`): a policy with 120 s accepts a
+    message 60 s old.
     """
 
     max_bytes: int = MAX_MESSAGE_BYTES
@@ -94,7 +113,7 @@ class Limits:
 class Drop:
     """A refused message: the reason (counted) and a short detail (for logs, HTTP errors)."""
 
-    reason: str
+    reason: DropReason
     detail: str = ""
 
 
@@ -104,15 +123,16 @@ class Route:
 
     expected: the model key the subject belongs to ('inference/llama-70b'), or None for
     a wildcard subscription. default_namespace: used when the body has no `namespace`.
-    known: the model keys with a policy (None = accept any).
+    models: model key -> its policy's staleAfterSeconds, for the models with a policy
+    (a message about another is refused); None = accept any model.
     """
 
     expected: str | None = None
     default_namespace: str = "default"
-    known: Container[str] | None = None
+    models: Mapping[str, float] | None = None
 
 
-ParseResult = tuple[base.Sample, ...] | Drop
+ParseResult = tuple[samples.Sample, ...] | Drop
 
 DEFAULT_LIMITS: Final = Limits()
 
@@ -133,13 +153,13 @@ def parse(
     publishing over NATS and over HTTP is not mistaken for one series.
     """
     if len(data) > limits.max_bytes:
-        return Drop(OVERSIZED, f"{len(data)} bytes > {limits.max_bytes}")
+        return Drop(DropReason.OVERSIZED, f"{len(data)} bytes > {limits.max_bytes}")
     try:
         message = SignalMessage.model_validate_json(data)
     except pydantic.ValidationError as exc:
         return _validation_drop(exc)
     except (ValueError, RecursionError) as exc:  # pragma: no cover - pydantic wraps these
-        return Drop(MALFORMED_JSON, str(exc)[:200])
+        return Drop(DropReason.MALFORMED_JSON, str(exc)[:200])
     return to_samples(message, now=now, limits=limits, route=route, transport=transport)
 
 
@@ -155,9 +175,9 @@ def parse_item(
     try:
         size = len(json.dumps(item, separators=(",", ":")).encode())
     except (TypeError, ValueError, RecursionError):
-        return Drop(SCHEMA, "not a JSON value")
+        return Drop(DropReason.SCHEMA, "not a JSON value")
     if size > limits.max_bytes:
-        return Drop(OVERSIZED, f"{size} bytes > {limits.max_bytes}")
+        return Drop(DropReason.OVERSIZED, f"{size} bytes > {limits.max_bytes}")
     try:
         message = SignalMessage.model_validate(item)
     except pydantic.ValidationError as exc:
@@ -168,11 +188,11 @@ def parse_item(
 def _validation_drop(exc: pydantic.ValidationError) -> Drop:
     errors = exc.errors(include_url=False, include_input=False)
     if any(error["type"] == "json_invalid" for error in errors):
-        return Drop(MALFORMED_JSON, errors[0]["msg"][:200])
+        return Drop(DropReason.MALFORMED_JSON, errors[0]["msg"][:200])
     first = errors[0] if errors else None
     where = ".".join(str(part) for part in first["loc"]) if first else ""
     detail = f"{where}: {first['msg']}" if first else "invalid"
-    return Drop(SCHEMA, detail[:200])
+    return Drop(DropReason.SCHEMA, detail[:200])
 
 
 def to_samples(
@@ -185,45 +205,45 @@ def to_samples(
 ) -> ParseResult:
     """Check time and routing rules, then split a valid message into samples."""
     if message.ts > now + limits.max_future_s:
-        return Drop(FUTURE_DATED, f"ts {message.ts:.3f} is {message.ts - now:.1f} s ahead")
-    if message.ts < now - limits.max_age_s:
-        return Drop(STALE, f"ts {message.ts:.3f} is {now - message.ts:.1f} s old")
+        return Drop(DropReason.FUTURE_DATED,
+                    f"ts {message.ts:.3f} is {message.ts - now:.1f} s ahead")
     namespace = message.namespace or route.default_namespace
-    key = base.model_key(namespace, message.model)
+    key = vocabulary.model_key(namespace, message.model)
     if route.expected is not None and key != route.expected:
-        return Drop(SUBJECT_MISMATCH, f"{key} on the subject of {route.expected}")
-    if route.known is not None and key not in route.known:
-        return Drop(UNKNOWN_MODEL, f"no policy for {key}")
+        return Drop(DropReason.SUBJECT_MISMATCH, f"{key} on the subject of {route.expected}")
+    max_age_s = limits.max_age_s
+    if route.models is not None:
+        stale_after_s = route.models.get(key)
+        if stale_after_s is None:
+            return Drop(DropReason.UNKNOWN_MODEL, f"no policy for {key}")
+        max_age_s = stale_after_s
+    if message.ts < now - max_age_s:
+        return Drop(DropReason.STALE, f"ts {message.ts:.3f} is {now - message.ts:.1f} s old "
+                    f"(stale after {max_age_s:g} s)")
     # A ts within the skew tolerance but ahead of us counts as now: ages are never negative.
     ts = min(message.ts, now)
     source = f"{transport}/{message.source or 'anonymous'}"
-    samples: list[base.Sample] = []
-    for signal, value in (
-        (base.QUEUE_DEPTH, message.queue_depth),
-        (base.IN_FLIGHT, message.in_flight),
-        (base.TOKENS_PER_SECOND, message.tokens_per_second),
-        (base.PROMPT_TOKENS_PER_SECOND, message.prompt_tokens_per_second),
-    ):
-        if value is not None:
-            samples.append(base.Sample(key, signal, source, ts, value))
+    out: list[samples.Sample] = []
+    for signal in vocabulary.MESSAGE_SIGNALS:
+        value: float | None = getattr(message, signal.value)
+        if value is None:
+            continue
+        if value > signal.plausible_max:
+            return Drop(DropReason.IMPLAUSIBLE,
+                        f"{signal} {value:g} > {signal.plausible_max:g} from one source")
+        out.append(samples.Sample(key, signal, source, ts, value))
     latency = message.latency
+    if latency is not None and latency.p95_seconds is not None and (
+            latency.p95_seconds > vocabulary.Signal.P95_LATENCY.plausible_max):
+        return Drop(DropReason.IMPLAUSIBLE, f"p95 {latency.p95_seconds:g} s")
     if latency is not None and (latency.p95_seconds is not None or latency.histogram):
-        histogram = None
-        if latency.histogram is not None:
-            histogram = base.Histogram(
-                le=tuple(latency.histogram.le), counts=tuple(latency.histogram.counts)
-            )
-        samples.append(
-            base.Sample(
-                key,
-                base.latency_signal(latency.metric),
-                source,
-                ts,
-                latency.p95_seconds,
-                histogram,
-            )
-        )
-    return tuple(samples)
+        body = latency.histogram
+        out.append(samples.Sample(
+            key, vocabulary.Signal.P95_LATENCY, source, ts, latency.p95_seconds,
+            None if body is None else histogram.Histogram(le=tuple(body.le),
+                                                          counts=tuple(body.counts)),
+            metric=latency.metric))
+    return tuple(out)
 
 
 def encode(
@@ -232,27 +252,36 @@ def encode(
     ts: float,
     namespace: str | None = None,
     source: str | None = None,
-    queue_depth: float | None = None,
-    in_flight: float | None = None,
-    tokens_per_second: float | None = None,
-    prompt_tokens_per_second: float | None = None,
+    values: Mapping[vocabulary.Signal, float] | None = None,
+    latency_metric: vocabulary.LatencyMetric | None = None,
+    p95_seconds: float | None = None,
+    latency_histogram: histogram.Histogram | None = None,
 ) -> bytes:
-    """A contract message as bytes, for publishers (the demo, the benchmark, tests)."""
+    """A contract message (DESIGN 4.2) as bytes, for publishers (the demo, benchmarks,
+    tests). `values` are the numeric fields (`vocabulary.MESSAGE_SIGNALS`); a latency
+    body is written when a p95 or a histogram is given."""
     body: dict[str, object] = {"v": 1, "model": model, "ts": ts}
-    for name, value in (
-        ("namespace", namespace),
-        ("source", source),
-        ("queue_depth", queue_depth),
-        ("in_flight", in_flight),
-        ("tokens_per_second", tokens_per_second),
-        ("prompt_tokens_per_second", prompt_tokens_per_second),
-    ):
-        if value is not None:
-            body[name] = value
+    if namespace is not None:
+        body["namespace"] = namespace
+    if source is not None:
+        body["source"] = source
+    for signal, value in (values or {}).items():
+        if signal not in vocabulary.MESSAGE_SIGNALS:
+            raise ValueError(f"{signal} is not a field of a signal message")
+        body[signal.value] = value
+    if p95_seconds is not None or latency_histogram is not None:
+        latency: dict[str, object] = {
+            "metric": latency_metric or vocabulary.DEFAULT_LATENCY_METRIC}
+        if p95_seconds is not None:
+            latency["p95_seconds"] = p95_seconds
+        if latency_histogram is not None:
+            latency["histogram"] = {"le": list(latency_histogram.le),
+                                    "counts": list(latency_histogram.counts)}
+        body["latency"] = latency
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def tally(stats: base.SourceStats, result: ParseResult) -> tuple[base.Sample, ...]:
+def tally(stats: samples.SourceStats, result: ParseResult) -> tuple[samples.Sample, ...]:
     """Count a parse result in `stats` (accepted samples or the drop reason) and return
     the samples to store (none for a drop)."""
     if isinstance(result, Drop):

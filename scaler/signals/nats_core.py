@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from scaler.core import vocabulary
 from scaler.policy import model as policy_model
-from scaler.signals import base, connection, messages
+from scaler.signals import connection, messages, samples
 
 log = logging.getLogger(__name__)
 
@@ -29,22 +30,27 @@ class NatsCoreConfig:
     """What the NATS core source listens to.
 
     routes: subject -> model key ('inference/llama-70b'); a message on a subject must be
-      about that model. wildcard: subscribe once to `<prefix>.>` (one subscription for
+      about that model. stale_after: model key -> its policy's staleAfterSeconds, the
+      age past which its messages are stale on arrival (models not listed: the limits'
+      max_age_s). wildcard: subscribe once to `<prefix>.>` (one subscription for
       thousands of models) instead of once per subject; routes outside the prefix still
       get their own subscription. queue_group: set when several scaler replicas share
       the load (DESIGN 7); None = every replica sees every message.
     """
 
     routes: Mapping[str, str] = field(default_factory=dict)
+    stale_after: Mapping[str, float] = field(default_factory=dict)
     prefix: str = DEFAULT_PREFIX
     wildcard: bool = False
     queue_group: str | None = None
     limits: messages.Limits = messages.DEFAULT_LIMITS
-    known: frozenset[str] = field(init=False)
+    known: Mapping[str, float] = field(init=False)
 
     def __post_init__(self) -> None:
-        # Computed once: it is checked on every message.
-        object.__setattr__(self, "known", frozenset(self.routes.values()))
+        # Computed once: it is checked on every message. Every routed model is known.
+        known = {key: self.limits.max_age_s for key in self.routes.values()}
+        known.update({key: s for key, s in self.stale_after.items() if key in known})
+        object.__setattr__(self, "known", known)
 
     def subjects(self) -> frozenset[str]:
         """The subscriptions this config needs."""
@@ -66,6 +72,7 @@ def config_from_policies(
 ) -> NatsCoreConfig:
     """Routes from the policies' `spec.sources.nats` (policies without it are skipped)."""
     routes: dict[str, str] = {}
+    stale_after: dict[str, float] = {}
     for policy in policies:
         source = policy.spec.sources.nats
         if source is None:
@@ -74,33 +81,37 @@ def config_from_policies(
             prefix, policy.metadata.namespace, policy.metadata.name
         )
         routes[subject] = policy.key
+        stale_after[policy.key] = policy.spec.stale_after_seconds
     return NatsCoreConfig(
-        routes=routes, prefix=prefix, wildcard=wildcard, queue_group=queue_group, limits=limits
+        routes=routes, stale_after=stale_after, prefix=prefix, wildcard=wildcard,
+        queue_group=queue_group, limits=limits,
     )
 
 
-def route_for(subject: str, config: NatsCoreConfig) -> messages.Route:
+def route_for(subject: str, config: NatsCoreConfig) -> messages.Route | messages.Drop:
     """How to check a message that arrived on `subject` (a pure function).
 
-    A routed subject expects its model. Under the wildcard, `<prefix>.<ns>.<model>`
-    expects 'ns/model' and the model must have a policy; other subjects accept any
-    known model named in the body.
+    The subject names the model, exactly: a routed subject expects its model; under the
+    wildcard, `<prefix>.<ns>.<model>` (three parts, no more) expects 'ns/model', which must
+    have a policy. Any other subject is refused: `<prefix>.inference.llama-8b.extra` does
+    not reach llama-8b, and a body cannot name a model its subject does not.
     """
     known = config.known
     expected = config.routes.get(subject)
     if expected is not None:
         namespace = expected.partition("/")[0]
-        return messages.Route(expected=expected, default_namespace=namespace, known=known)
+        return messages.Route(expected=expected, default_namespace=namespace, models=known)
     head = config.prefix + "."
     if subject.startswith(head):
         parts = subject[len(head) :].split(".")
         if len(parts) == 2 and all(parts):
             return messages.Route(
-                expected=base.model_key(parts[0], parts[1]),
+                expected=vocabulary.model_key(parts[0], parts[1]),
                 default_namespace=parts[0],
-                known=known,
+                models=known,
             )
-    return messages.Route(known=known)
+    return messages.Drop(messages.DropReason.SUBJECT_MISMATCH,
+                         f"subject {subject[:200]} names no model")
 
 
 class NatsCoreSource:
@@ -113,16 +124,20 @@ class NatsCoreSource:
     def __init__(
         self,
         settings: connection.NatsSettings,
-        config: NatsCoreConfig,
+        config: NatsCoreConfig | None = None,
         *,
-        clock: base.Clock = base.wall_clock,
+        clock: samples.Clock = samples.wall_clock,
+        subscribe: NatsCoreConfig | None = None,
     ) -> None:
+        """`subscribe` gives how `update` subscribes for policies (prefix, wildcard, queue
+        group, limits; its routes are ignored); `config`, what to subscribe to now."""
         self.settings = settings
-        self.config = config
-        self.stats = base.SourceStats()
+        self._subscribe = subscribe or NatsCoreConfig()
+        self.config = config or self._subscribe
+        self.stats = samples.SourceStats()
         self._clock = clock
         self._client: Client | None = None
-        self._sink: base.SampleSink | None = None
+        self._sink: samples.SampleSink | None = None
         self._subscriptions: dict[str, Subscription] = {}
         self._routes: dict[str, messages.Route] = {}
         self._ready = asyncio.Event()
@@ -140,7 +155,7 @@ class NatsCoreSource:
         """Until connected and subscribed (the first time)."""
         await self._ready.wait()
 
-    async def run(self, sink: base.SampleSink) -> None:
+    async def run(self, sink: samples.SampleSink) -> None:
         """Connect (retrying forever), subscribe, and deliver until cancelled."""
         self._sink = sink
         client = Client()
@@ -159,8 +174,18 @@ class NatsCoreSource:
             if not client.is_closed:
                 await client.close()
 
-    async def update(self, config: NatsCoreConfig) -> None:
-        """Replace the config; subscribe and unsubscribe to match it (policy reload)."""
+    async def update(self, policies: Sequence[policy_model.ScalePolicy]) -> None:
+        """Subscribe to what the policies in force name (policy reload)."""
+        how = self._subscribe
+        await self.configure(config_from_policies(
+            policies, prefix=how.prefix, wildcard=how.wildcard, queue_group=how.queue_group,
+            limits=how.limits))
+
+    async def close(self) -> None:
+        """Nothing beyond `run`'s own cleanup: the connection closes when it is cancelled."""
+
+    async def configure(self, config: NatsCoreConfig) -> None:
+        """Replace the config; subscribe and unsubscribe to match it."""
         async with self._lock:
             self.config = config
             self._routes.clear()
@@ -184,11 +209,16 @@ class NatsCoreSource:
     async def _on_message(self, msg: Msg) -> None:
         now = self._clock()
         route = self._routes.get(msg.subject)
+        result: messages.ParseResult
         if route is None:
-            route = route_for(msg.subject, self.config)
+            found = route_for(msg.subject, self.config)
+            if isinstance(found, messages.Drop):
+                messages.tally(self.stats, found)
+                return
+            route = found
             if route.expected is not None and route.expected in self.config.known:
                 self._routes[msg.subject] = route  # cache only subjects with a policy
         result = messages.parse(msg.data, now=now, limits=self.config.limits, route=route)
-        samples = messages.tally(self.stats, result)
-        if samples and self._sink is not None:
-            self._sink.put(samples)
+        accepted = messages.tally(self.stats, result)
+        if accepted and self._sink is not None:
+            self._sink.put(accepted)

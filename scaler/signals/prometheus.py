@@ -5,16 +5,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from prometheus_api_client.prometheus_connect import PrometheusConnect
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import Field, SecretStr
 from urllib3.util.retry import Retry
 
+from scaler.core import settings as core_settings
+from scaler.core import vocabulary
+from scaler.core.vocabulary import Signal
 from scaler.policy import model as policy_model
-from scaler.signals import base
+from scaler.signals import messages, polling, samples
 
 log = logging.getLogger(__name__)
 
@@ -23,23 +26,33 @@ RATE_WINDOW: Final = "1m"
 2). Use at least 4 x the scrape interval: 2m for 30 s scrapes."""
 
 
-class PrometheusSettings(BaseModel):
-    """How to reach Prometheus. For a private CA set REQUESTS_CA_BUNDLE (requests reads it).
+class PrometheusSettings(core_settings.Group):
+    """How to reach Prometheus. For a private CA set REQUESTS_CA_BUNDLE (requests reads it)."""
 
-    timeout_s: per query; a query that takes longer marks its signal stale (3 s: well
-    inside the 5 s default poll interval, so polls do not pile up).
-    max_concurrent_queries: queries in flight at once, each on a worker thread.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    url: str = "http://127.0.0.1:9090"
-    timeout_s: float = Field(default=3.0, gt=0)
-    bearer_token: SecretStr | None = None
-    basic_auth_user: str | None = None
-    basic_auth_password: SecretStr | None = None
-    verify_tls: bool = True
-    max_concurrent_queries: int = Field(default=4, ge=1)
+    url: str = Field(
+        default="http://127.0.0.1:9090",
+        description="Base URL of the Prometheus HTTP API (or Thanos / Mimir querier). "
+        "Default: a local Prometheus on its standard port 9090.")
+    timeout_s: float = Field(
+        default=3.0, gt=0,
+        description="Timeout of one query, seconds; a query that takes longer marks its "
+        "signal stale. 3 s: well inside the 5 s default poll interval, so polls never pile up.")
+    bearer_token: SecretStr | None = Field(
+        default=None, description="Sent as `Authorization: Bearer ...`; never printed. "
+        "None: no token (an in-cluster Prometheus without auth).")
+    basic_auth_user: str | None = Field(
+        default=None, description="User for HTTP basic auth; goes with basic_auth_password. "
+        "None: no basic auth.")
+    basic_auth_password: SecretStr | None = Field(
+        default=None, description="Password for HTTP basic auth; never printed.")
+    verify_tls: bool = Field(
+        default=True, description="Verify the server's certificate for an https URL. "
+        "Turning it off lets anyone on the path feed the scaler false load.")
+    max_concurrent_queries: int = Field(
+        default=4, ge=1,
+        description="Queries in flight at once, each on a worker thread. 4: every model "
+        "polls every 5 s and a query takes milliseconds, so 4 threads serve hundreds of "
+        "models without loading Prometheus with bursts.")
 
 
 def _escape(value: str) -> str:
@@ -59,73 +72,86 @@ def _quantile(bucket_metric: str, sel: str, window: str, q: float = 0.95) -> str
 
 
 def preset_queries(
-    preset: str, *, sel: str, latency_metric: str, rate_window: str = RATE_WINDOW
-) -> dict[str, str]:
-    """The PromQL of a preset, per store signal name (a pure function).
+    preset: str,
+    *,
+    sel: str,
+    latency_metric: vocabulary.LatencyMetric,
+    rate_window: str = RATE_WINDOW,
+) -> dict[Signal, str]:
+    """The PromQL of a preset, per signal (a pure function).
 
     `sel` is the label selector that picks the model, e.g. {model_name="llama-70b"}.
     Latency queries exist only for the metrics the engine exports: vLLM has TTFT and
     end-to-end histograms, SGLang TTFT, TGI end-to-end (tgi_request_duration); any other
     combination needs a custom query.
     """
-    latency = base.latency_signal(latency_metric)
+    Latency = vocabulary.LatencyMetric
+    queries: dict[Signal, str]
+    buckets: dict[vocabulary.LatencyMetric, str]
     if preset == "vllm":
         queries = {
-            base.QUEUE_DEPTH: f"sum(vllm:num_requests_waiting{sel})",
-            base.IN_FLIGHT: f"sum(vllm:num_requests_running{sel})",
-            base.TOKENS_PER_SECOND: f"sum(rate(vllm:generation_tokens_total{sel}[{rate_window}]))",
-            base.PROMPT_TOKENS_PER_SECOND:
+            Signal.QUEUE_DEPTH: f"sum(vllm:num_requests_waiting{sel})",
+            Signal.IN_FLIGHT: f"sum(vllm:num_requests_running{sel})",
+            Signal.TOKENS_PER_SECOND:
+                f"sum(rate(vllm:generation_tokens_total{sel}[{rate_window}]))",
+            Signal.PROMPT_TOKENS_PER_SECOND:
                 f"sum(rate(vllm:prompt_tokens_total{sel}[{rate_window}]))",
-            base.KV_CACHE_USAGE: f"avg(vllm:kv_cache_usage_perc{sel})",
+            Signal.KV_CACHE_USAGE: f"avg(vllm:kv_cache_usage_perc{sel})",
+            Signal.COMPLETION_RATE: f"sum(rate(vllm:request_success_total{sel}[{rate_window}]))",
         }
         buckets = {
-            "ttft": "vllm:time_to_first_token_seconds_bucket",
-            "e2e": "vllm:e2e_request_latency_seconds_bucket",
+            Latency.TTFT: "vllm:time_to_first_token_seconds_bucket",
+            Latency.E2E: "vllm:e2e_request_latency_seconds_bucket",
         }
     elif preset == "sglang":
         queries = {
-            base.QUEUE_DEPTH: f"sum(sglang:num_queue_reqs{sel})",
-            base.IN_FLIGHT: f"sum(sglang:num_running_reqs{sel})",
-            base.TOKENS_PER_SECOND: f"sum(sglang:gen_throughput{sel})",
-            base.PROMPT_TOKENS_PER_SECOND:
+            Signal.QUEUE_DEPTH: f"sum(sglang:num_queue_reqs{sel})",
+            Signal.IN_FLIGHT: f"sum(sglang:num_running_reqs{sel})",
+            Signal.TOKENS_PER_SECOND: f"sum(sglang:gen_throughput{sel})",
+            Signal.PROMPT_TOKENS_PER_SECOND:
                 f"sum(rate(sglang:prompt_tokens_total{sel}[{rate_window}]))",
+            Signal.COMPLETION_RATE: f"sum(rate(sglang:num_requests_total{sel}[{rate_window}]))",
         }
-        buckets = {"ttft": "sglang:time_to_first_token_seconds_bucket"}
+        buckets = {Latency.TTFT: "sglang:time_to_first_token_seconds_bucket"}
     elif preset == "tgi":
         queries = {
-            base.QUEUE_DEPTH: f"sum(tgi_queue_size{sel})",
-            base.IN_FLIGHT: f"sum(tgi_batch_current_size{sel})",
+            Signal.QUEUE_DEPTH: f"sum(tgi_queue_size{sel})",
+            Signal.IN_FLIGHT: f"sum(tgi_batch_current_size{sel})",
+            Signal.COMPLETION_RATE: f"sum(rate(tgi_request_success{sel}[{rate_window}]))",
         }
-        buckets = {"e2e": "tgi_request_duration_bucket"}
+        buckets = {Latency.E2E: "tgi_request_duration_bucket"}
     elif preset == "custom":
         return {}
     else:
         raise ValueError(f"unknown Prometheus preset {preset!r}")
     if latency_metric in buckets:
-        queries[latency] = _quantile(buckets[latency_metric], sel, rate_window)
+        queries[Signal.P95_LATENCY] = _quantile(buckets[latency_metric], sel,
+                                                           rate_window)
     return queries
 
 
-def dcgm_queries(sel: str) -> dict[str, str]:
+def dcgm_queries(sel: str) -> dict[Signal, str]:
     """GPU utilisation from dcgm-exporter: for cost reports and /metrics, never for scaling.
 
     GR_ENGINE_ACTIVE and SM_ACTIVE are ratios 0..1 (averaged over the model's GPUs);
     FB_USED is MiB (summed).
     """
     return {
-        base.GPU_ENGINE_ACTIVE: f"avg(DCGM_FI_PROF_GR_ENGINE_ACTIVE{sel})",
-        base.GPU_SM_ACTIVE: f"avg(DCGM_FI_PROF_SM_ACTIVE{sel})",
-        base.GPU_FB_USED_MIB: f"sum(DCGM_FI_DEV_FB_USED{sel})",
+        Signal.GPU_ENGINE_ACTIVE: f"avg(DCGM_FI_PROF_GR_ENGINE_ACTIVE{sel})",
+        Signal.GPU_SM_ACTIVE: f"avg(DCGM_FI_PROF_SM_ACTIVE{sel})",
+        Signal.GPU_FB_USED_MIB: f"sum(DCGM_FI_DEV_FB_USED{sel})",
     }
 
 
 @dataclass(frozen=True, slots=True)
 class PromTarget:
-    """One model's queries, polled every `interval_s` seconds."""
+    """One model's queries, polled every `interval_s` seconds; the latency query (if any)
+    measures `latency_metric`."""
 
     model: str
-    queries: tuple[tuple[str, str], ...]
+    queries: tuple[tuple[Signal, str], ...]
     interval_s: float = 5.0
+    latency_metric: vocabulary.LatencyMetric = vocabulary.DEFAULT_LATENCY_METRIC
 
     @property
     def source(self) -> str:
@@ -153,21 +179,19 @@ def target_from_policy(
     source = policy.spec.sources.prometheus
     if source is None:
         return None
-    p95 = policy.spec.signals.p95_latency
-    metric = p95.metric if p95 is not None else "ttft"
+    metric = policy.spec.latency_metric
     sel = selector({source.model_label: source.model_name or policy.metadata.name})
     queries = preset_queries(
         source.preset, sel=sel, latency_metric=metric, rate_window=rate_window
     )
-    for name, promql in source.queries.items():
-        signal = base.latency_signal(metric) if name == "p95_latency" else name
-        queries[signal] = promql
+    queries.update(source.queries)
     if dcgm_selector is not None:
         queries.update(dcgm_queries(dcgm_selector))
     return PromTarget(
         model=policy.key,
         queries=tuple(sorted(queries.items())),
         interval_s=source.interval_seconds,
+        latency_metric=metric,
     )
 
 
@@ -180,7 +204,7 @@ def config_from_policies(
     return PrometheusConfig(targets=targets)
 
 
-def value_of(signal: str, result: object) -> float | None:
+def value_of(signal: Signal, result: object) -> float | None:
     """An instant-query result -> one number, or None for missing (a pure function).
 
     An empty vector, NaN and +-Inf are missing, never 0. Several series (a custom query
@@ -205,9 +229,10 @@ def value_of(signal: str, result: object) -> float | None:
             values.append(number)
     if not values:
         return None
-    if signal in base.SUMMED_SIGNALS:
+    rule = signal.combine
+    if rule is vocabulary.Combine.SUM:
         return math.fsum(values)
-    if signal.startswith("latency."):
+    if rule is vocabulary.Combine.QUANTILE:
         return max(values)
     return math.fsum(values) / len(values)
 
@@ -223,15 +248,15 @@ class PrometheusSource:
     def __init__(
         self,
         settings: PrometheusSettings,
-        config: PrometheusConfig,
+        config: PrometheusConfig | None = None,
         *,
-        clock: base.Clock = base.wall_clock,
+        clock: samples.Clock = samples.wall_clock,
     ) -> None:
         self.settings = settings
-        self.config = config
-        self.stats = base.SourceStats()
+        self.config = config or PrometheusConfig()
+        self.stats = samples.SourceStats()
         self._clock = clock
-        self._poller: base.Poller[PromTarget] = base.Poller()
+        self._poller: polling.Poller[PromTarget] = polling.Poller()
         self._client: PrometheusConnect | None = None
 
     @staticmethod
@@ -258,17 +283,28 @@ class PrometheusSource:
     def name(self) -> str:
         return "prometheus"
 
-    def update(self, config: PrometheusConfig) -> None:
+    async def update(self, policies: Sequence[policy_model.ScalePolicy]) -> None:
+        """Poll the queries the policies in force need (policy reload)."""
+        self.configure(config_from_policies(policies))
+
+    def configure(self, config: PrometheusConfig) -> None:
+        """Replace the targets; new ones are polled at once."""
         self.config = config
         self._poller.wake()
 
-    def close(self) -> None:
+    async def wait_ready(self) -> None:
+        """Polled (or pushed to): nothing to wait for."""
+
+    async def close(self) -> None:
         """Release the HTTP connections; a later poll opens new ones (a restarted task)."""
+        self.release()
+
+    def release(self) -> None:
         client, self._client = self._client, None
         if client is not None:
             client.close()
 
-    async def run(self, sink: base.SampleSink) -> None:
+    async def run(self, sink: samples.SampleSink) -> None:
         limit = asyncio.Semaphore(self.settings.max_concurrent_queries)
 
         async def poll_due(due: list[PromTarget]) -> None:
@@ -279,26 +315,32 @@ class PrometheusSource:
                 lambda: [(t, t.interval_s) for t in self.config.targets], poll_due
             )
         finally:
-            self.close()
+            self.release()
 
     async def poll(
-        self, target: PromTarget, sink: base.SampleSink, *, limit: asyncio.Semaphore
+        self, target: PromTarget, sink: samples.SampleSink, *, limit: asyncio.Semaphore
     ) -> None:
         """Run a target's queries; put what answered. Never raises."""
         ts = self._clock()
         results = await asyncio.gather(
             *(self._query(promql, limit) for _, promql in target.queries)
         )
-        samples: list[base.Sample] = []
+        out: list[samples.Sample] = []
         for (signal, _), result in zip(target.queries, results, strict=True):
             if isinstance(result, Exception):
                 self.stats.error(type(result).__name__)
                 continue
             value = value_of(signal, result)
-            samples.append(base.Sample(target.model, signal, target.source, ts, value))
-        if samples:
+            if value is not None and value > signal.plausible_max:
+                # A broken exporter or query: believed by nothing, counted, left to go stale.
+                self.stats.drop(messages.DropReason.IMPLAUSIBLE)
+                continue
+            metric = target.latency_metric if signal is Signal.P95_LATENCY else None
+            out.append(samples.Sample(target.model, signal, target.source, ts, value,
+                                      metric=metric))
+        if out:
             self.stats.accepted += 1
-            sink.put(samples)
+            sink.put(out)
 
     async def _query(self, promql: str, limit: asyncio.Semaphore) -> object:
         if self._client is None:

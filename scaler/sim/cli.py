@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,21 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--policy", required=True, type=Path,
                         help="ScalePolicy YAML (spec.profile names the replica profile)")
     parser.add_argument("--strategies", default=",".join(strategies.STRATEGIES),
-                        help="comma-separated subset of scaler,hpa,keda,kpa,oracle")
+                        help=f"comma-separated, from {','.join(strategies.NAMES)} "
+                        f"(default {','.join(strategies.STRATEGIES)})")
+    parser.add_argument("--start", type=float, metavar="SECONDS",
+                        help="start the replay SECONDS into the trace (its own clock: from "
+                        "the first request, or from window 0 for ServeGen); times are "
+                        "re-based to the slice start (e.g. --start 36000 --duration 3600 "
+                        "for 10:00 to 11:00 of a ServeGen day)")
     parser.add_argument("--duration", type=float, metavar="SECONDS",
-                        help="replay only the trace's first SECONDS (e.g. 86400 for the "
-                        "first day of a 14-day ServeGen trace)")
+                        help="replay only SECONDS of the trace, from --start or its "
+                        "beginning (e.g. 86400 for the first day of a 14-day ServeGen trace)")
+    parser.add_argument("--lengths", default="auto", metavar="auto|dataset|FILE",
+                        help="ServeGen token lengths: 'auto' (each client's "
+                        "chunk-N-dataset.json where present, else ShareGPT stats beside "
+                        "the folder), 'dataset' (require dataset.json), or a ShareGPT "
+                        "stats CSV (default auto)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed for rate scaling and ServeGen draws (default 0)")
     parser.add_argument("--json", type=Path, metavar="OUT.json", help="write the JSON report")
@@ -54,26 +66,44 @@ def _load_policy(path: Path) -> policy_model.ScalePolicy:
 
 def simulate_command(args: argparse.Namespace) -> int:
     names = [n.strip() for n in str(args.strategies).split(",") if n.strip()]
-    unknown = [n for n in names if n not in strategies.STRATEGIES]
+    unknown = [n for n in names if n not in strategies.REGISTRY]
     if unknown or not names:
         print(f"scaler simulate: unknown strategies {unknown}; choose from "
-              f"{', '.join(strategies.STRATEGIES)}", file=sys.stderr)
+              f"{', '.join(strategies.NAMES)}", file=sys.stderr)
         return 2
     if args.rate_scale <= 0 or (args.duration is not None and args.duration <= 0):
         print("scaler simulate: --rate-scale and --duration must be positive", file=sys.stderr)
         return 2
+    if args.start is not None and not args.start >= 0:
+        print("scaler simulate: --start must be zero or positive", file=sys.stderr)
+        return 2
+    # Lines reach a pipe or a log as they are printed, not all at exit.
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
+    lengths: traces.LengthChoice = (args.lengths if args.lengths in ("auto", "dataset")
+                                    else Path(args.lengths))
     try:
         policy = _load_policy(args.policy)
         profile = profiles.load_profile(policy.spec.profile or "llama-3.1-8b-h100")
         trace = traces.load_trace(args.trace, args.trace_format, rate_scale=args.rate_scale,
-                                  seed=args.seed, max_duration_s=args.duration)
+                                  seed=args.seed, lengths=lengths, start_s=args.start,
+                                  max_duration_s=args.duration)
     except SystemExit as exc:
         print(exc, file=sys.stderr)
         return 2
     except (traces.TraceError, profiles.ProfileError) as exc:
         print(f"scaler simulate: {exc}", file=sys.stderr)
         return 2
-    bar = report.ProgressBar(names)
+    if trace.length_source:
+        print(f"scaler simulate: {trace.length_source}", file=sys.stderr)
+    if trace.requests == 0:
+        print(f"scaler simulate: no requests in the chosen slice of {args.trace}",
+              file=sys.stderr)
+        return 2
+    warning = report.capacity_warning(trace, policy=policy, profile=profile)
+    if warning:
+        print(f"scaler simulate: warning: {warning}", file=sys.stderr)
+    bar = report.ProgressBar(names).start()
     try:
         result = run.simulate(trace, policy=policy, profile=profile, names=names, progress=bar)
     finally:

@@ -120,10 +120,13 @@ class SimCluster:
         n = self.arrival.size
         self.input_tokens = np.maximum(inputs, 1).astype(np.float64)
         self.output_tokens = np.maximum(outputs, 1).astype(np.float64)
-        # KV reserved at admission: prompt + all output tokens, capped at the cache size
-        # (a 500k-token request still runs, alone).
-        self.kv_need = np.minimum(self.input_tokens + self.output_tokens,
-                                  float(profile.kv_cache_tokens))
+        # KV reserved at admission: prompt + all output tokens. A request longer than the
+        # context (maxModelLen, never more than the cache) is rejected as vLLM's API server
+        # does (HTTP 400, "maximum context length is ... tokens"): never routed, never
+        # served. 8B profile: a 120,000-token prompt asking for 20,000 tokens exceeds 131,072.
+        self.kv_need = self.input_tokens + self.output_tokens
+        self.rejected = ~profile.accepts(input_tokens=inputs, output_tokens=outputs)
+        self.accepted = int(n - np.count_nonzero(self.rejected))
         self.prefill_left = self.input_tokens.copy()
         # The prefill step emits the first token; the rest are decode steps.
         self.decode_left = self.output_tokens - 1.0
@@ -286,6 +289,11 @@ class SimCluster:
             self.gateway.clear()
             for request in held:
                 self._route(request)
+
+    @property
+    def drained(self) -> bool:
+        """Every accepted request (warm-up included) has finished."""
+        return self.completed == self.accepted
 
     def starting_slots(self) -> list[int]:
         return sorted(s for s in self.live_slots if self.pods[s].phase == "starting")
@@ -553,12 +561,16 @@ class SimCluster:
         """Route arrivals up to `now`, admit, serve [now, now + dt), record the step."""
         end = int(np.searchsorted(self.arrival, now, side="right"))
         start = self.next_arrival
-        for request in range(start, end):
+        arrivals: range | list[int] = range(start, end)
+        if self.accepted < self.arrival.size and end > start:
+            arrivals = (np.flatnonzero(~self.rejected[start:end]) + start).tolist()
+        for request in arrivals:
             self._route(request)
+        routed = len(arrivals)
         self.next_arrival = end
         self._admit()
         generated, busy_ready = self._serve(now)
-        self._record(arrivals=end - start, generated=generated, busy_ready=busy_ready)
+        self._record(arrivals=routed, generated=generated, busy_ready=busy_ready)
 
     def _record(self, *, arrivals: int, generated: float, busy_ready: float) -> None:
         h = self.history

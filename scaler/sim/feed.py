@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
+from scaler.core import histogram as signal_histogram
+from scaler.core import vocabulary
 from scaler.engine import types as engine_types
-from scaler.signals import base as signal_base
+from scaler.signals import samples as signal_samples
 from scaler.signals import store as signal_store
 from scaler.sim import cluster as sim_cluster
 
 # vLLM's bucket bounds for vllm:time_to_first_token_seconds (and close to its e2e ones):
 # the p95 the engine sees is interpolated inside these, as histogram_quantile does.
-VLLM_LATENCY_BUCKETS: tuple[float, ...] = (
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-    10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-)
+VLLM_LATENCY_BUCKETS = signal_histogram.VLLM_TTFT_BUCKETS
 GATEWAY_SOURCE = "gateway"
 
 
@@ -38,13 +38,14 @@ class SignalFeed:
 
     model_key: str
     start_epoch_s: float
-    latency_metric: str = "ttft"
+    latency_metric: vocabulary.LatencyMetric = vocabulary.DEFAULT_LATENCY_METRIC
     delay_s: float = 1.0
     interval_s: float = 1.0
     rate_window_s: float = 10.0
     latency_window_s: float = 30.0
+    gateway_arrival_rate: bool = True
     store: signal_store.SignalStore = field(default_factory=signal_store.SignalStore)
-    pending: deque[tuple[float, list[signal_base.Sample]]] = field(default_factory=deque)
+    pending: deque[tuple[float, list[signal_samples.Sample]]] = field(default_factory=deque)
     counters: deque[tuple[float, npt.NDArray[np.float64]]] = field(default_factory=deque)
     next_publish: float = float("-inf")
 
@@ -57,9 +58,16 @@ class SignalFeed:
             self.store.put(self.pending.popleft()[1])
 
     def publish(self, cluster: sim_cluster.SimCluster, *, now: float) -> None:
+        """Measure now; the samples reach the store `delay_s` later (see `advance`)."""
+        self.pending.append((now + self.delay_s, self.measure(cluster, now=now)))
+
+    def measure(self, cluster: sim_cluster.SimCluster, *, now: float
+                ) -> list[signal_samples.Sample]:
+        """What every serving pod and the gateway report at `now` (trace seconds): the
+        samples `publish` delivers, for a caller that sends them itself (the demo)."""
         ts = self.start_epoch_s + now
         key = self.model_key
-        samples: list[signal_base.Sample] = []
+        samples: list[signal_samples.Sample] = []
         # Generated and prompt token counters side by side (row 0, row 1), as a pod's
         # generation_tokens_total and prompt_tokens_total; rates over `rate_window_s`.
         tokens = np.vstack((cluster.tokens_by_slot, cluster.prompt_tokens_by_slot))
@@ -74,46 +82,62 @@ class SignalFeed:
         span = now - then
         slots = sorted(cluster.serving_slots)
         histograms = self._histograms(cluster, slots=slots, now=now)
+        completed = self._completions(cluster, now=now)
+        signal = vocabulary.Signal
         for slot, histogram in zip(slots, histograms, strict=True):
             source = f"pod-{slot}"
             rate, prompt_rate = ((tokens[:, slot] - before[:, slot]) / span).tolist() if (
                 span > 0) else (0.0, 0.0)
+            done = float(completed[slot]) / self.rate_window_s if slot < completed.size else 0.0
             samples.extend((
-                signal_base.Sample(key, signal_base.QUEUE_DEPTH, source, ts,
-                                   float(len(cluster.queues[slot]))),
-                signal_base.Sample(key, signal_base.IN_FLIGHT, source, ts,
-                                   float(cluster.running[slot])),
-                signal_base.Sample(key, signal_base.TOKENS_PER_SECOND, source, ts, rate),
-                signal_base.Sample(key, signal_base.PROMPT_TOKENS_PER_SECOND, source, ts,
-                                   prompt_rate),
+                signal_samples.Sample(key, signal.QUEUE_DEPTH, source, ts,
+                                      float(len(cluster.queues[slot]))),
+                signal_samples.Sample(key, signal.IN_FLIGHT, source, ts,
+                                      float(cluster.running[slot])),
+                signal_samples.Sample(key, signal.TOKENS_PER_SECOND, source, ts, rate),
+                signal_samples.Sample(key, signal.PROMPT_TOKENS_PER_SECOND, source, ts,
+                                      prompt_rate),
+                signal_samples.Sample(key, signal.COMPLETION_RATE, source, ts, done),
             ))
             if histogram is not None:
-                samples.append(signal_base.Sample(
-                    key, signal_base.latency_signal(self.latency_metric), source, ts,
-                    histogram=histogram))
+                samples.append(signal_samples.Sample(
+                    key, vocabulary.Signal.P95_LATENCY, source, ts, histogram=histogram,
+                    metric=self.latency_metric))
         arrivals = cluster.window(cluster.history.arrivals, start=now - self.rate_window_s,
                                   end=now)
-        samples.append(signal_base.Sample(key, signal_base.QUEUE_DEPTH, GATEWAY_SOURCE, ts,
-                                          float(len(cluster.gateway))))
-        samples.append(signal_base.Sample(
-            key, signal_base.ARRIVAL_RATE, GATEWAY_SOURCE, ts,
-            float(arrivals.sum()) / max(arrivals.size * cluster.dt, cluster.dt)))
-        self.pending.append((now + self.delay_s, samples))
+        samples.append(signal_samples.Sample(key, signal.QUEUE_DEPTH, GATEWAY_SOURCE, ts,
+                                             float(len(cluster.gateway))))
+        if self.gateway_arrival_rate:
+            samples.append(signal_samples.Sample(
+                key, signal.ARRIVAL_RATE, GATEWAY_SOURCE, ts,
+                float(arrivals.sum()) / max(arrivals.size * cluster.dt, cluster.dt)))
+        return samples
+
+    def _completions(self, cluster: sim_cluster.SimCluster, *, now: float
+                     ) -> npt.NDArray[np.int64]:
+        """Requests each slot finished over the last `rate_window_s` (indexed by slot), as
+        a pod's request_success_total counter would show."""
+        lo = cluster.index(now - self.rate_window_s)
+        chunks = [c for c in cluster.done_ids_by_step[lo:cluster.step] if c.size]
+        if not chunks:
+            return np.zeros(0, dtype=np.int64)
+        return np.bincount(cluster.replica[np.concatenate(chunks)])
 
     def _histograms(
         self, cluster: sim_cluster.SimCluster, *, slots: list[int], now: float
-    ) -> list[signal_base.Histogram | None]:
+    ) -> list[signal_histogram.Histogram | None]:
         """Per-slot cumulative histograms of the latency metric over the latency window."""
         lo = cluster.index(now - self.latency_window_s)
-        steps = (cluster.done_ids_by_step if self.latency_metric in ("e2e", "itl")
-                 else cluster.first_ids_by_step)[lo:cluster.step]
+        by_first_token = self.latency_metric is vocabulary.LatencyMetric.TTFT
+        steps = (cluster.first_ids_by_step if by_first_token
+                 else cluster.done_ids_by_step)[lo:cluster.step]
         chunks = [c for c in steps if c.size]
         if not chunks or not slots:
             return [None] * len(slots)
         ids = np.concatenate(chunks)
-        if self.latency_metric == "e2e":
+        if self.latency_metric is vocabulary.LatencyMetric.E2E:
             values = cluster.done[ids] - cluster.arrival[ids]
-        elif self.latency_metric == "itl":
+        elif self.latency_metric is vocabulary.LatencyMetric.ITL:
             values = (cluster.done[ids] - cluster.first_token[ids]) / np.maximum(
                 cluster.output_tokens[ids] - 1, 1)
         else:
@@ -128,10 +152,31 @@ class SignalFeed:
         grid = np.zeros((len(slots), bounds.size))
         np.add.at(grid, (row[keep], bucket[keep]), 1.0)
         cumulative = np.cumsum(grid, axis=1)
-        return [signal_base.Histogram(le=VLLM_LATENCY_BUCKETS, counts=tuple(r.tolist()))
+        return [signal_histogram.Histogram(le=VLLM_LATENCY_BUCKETS, counts=tuple(r.tolist()))
                 if r[-1] > 0 else None for r in cumulative]
 
     def snapshot(self, *, now: float, stale_after_s: float) -> engine_types.SignalSnapshot:
         return self.store.snapshot(self.model_key, now=self.start_epoch_s + now,
                                    stale_after_s=stale_after_s,
                                    latency_metric=self.latency_metric)
+
+
+def cluster_state(cluster: sim_cluster.SimCluster, *, start_epoch_s: float, now: float
+                  ) -> engine_types.ClusterState:
+    """What the service's cluster reader would see of the simulated pods at `now` (trace
+    seconds): spec.replicas, ready, starting (creation epochs), free GPU slots on ready
+    nodes and the last 20 observed cold starts (epoch times, as a pod's timeline has)."""
+    pods = cluster.replicas()
+    starting = tuple(start_epoch_s + p.created_at for p in pods if p.phase != "ready")
+    observations = tuple(
+        dataclasses.replace(o, created_at=start_epoch_s + o.created_at,
+                            ready_at=start_epoch_s + o.ready_at)
+        for o in cluster.observations[-20:]
+    )
+    return engine_types.ClusterState(
+        current=cluster.spec_replicas,
+        ready=len(cluster.ready_slots),
+        starting=starting,
+        free_replica_slots=cluster.free_replica_slots(now=now),
+        observations=observations,
+    )

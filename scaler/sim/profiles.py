@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import numpy.typing as npt
 import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -58,11 +60,34 @@ class ReplicaProfile(_Model):
     prefill_tokens_per_second: float = Field(gt=0)
     decode_step: DecodeStep
     kv_cache_tokens: int = Field(gt=0)
+    # vLLM's max_model_len: prompt + requested output tokens above it are refused (HTTP
+    # 400). vLLM will not start with a context longer than its KV cache holds.
+    max_model_len: int = Field(gt=0)
     max_batch: int = Field(ge=1)
     max_batched_tokens: int = Field(ge=1)
     cold_start: ProfileColdStart
     node: NodeShape
     sources: tuple[Source, ...] = Field(min_length=1)
+
+    @pydantic.model_validator(mode="after")
+    def _context_fits_the_cache(self) -> ReplicaProfile:
+        if self.max_model_len > self.kv_cache_tokens:
+            raise ValueError(
+                f"maxModelLen {self.max_model_len} exceeds kvCacheTokens {self.kv_cache_tokens}:"
+                " vLLM refuses to start when one sequence cannot fit in the KV cache")
+        return self
+
+    def accepts(self, *, input_tokens: npt.ArrayLike, output_tokens: npt.ArrayLike
+                ) -> npt.NDArray[np.bool_]:
+        """Which requests vLLM serves: prompt + output within maxModelLen (else HTTP 400).
+
+        Lengths below 1 count as 1 (as the simulator serves them). 8B profile (131,072):
+        120,000 in + 20,000 out is refused; 120,000 + 11,072 is served.
+        """
+        total = (np.maximum(np.asarray(input_tokens, dtype=np.float64), 1.0)
+                 + np.maximum(np.asarray(output_tokens, dtype=np.float64), 1.0))
+        accepted: npt.NDArray[np.bool_] = total <= self.max_model_len
+        return accepted
 
     def batch_limit(self, *, input_tokens: float, output_tokens: float) -> float:
         """Requests that fit in one batch: max_batch, or fewer when the KV cache binds.

@@ -1,4 +1,4 @@
-"""Simulation outputs: the comparison table, the JSON contract and the HTML report."""
+"""Simulation outputs: the comparison table, the JSON contract, the HTML report, progress."""
 
 from __future__ import annotations
 
@@ -6,17 +6,28 @@ import base64
 import html
 import io
 import json
+import math
 import sys
-from collections.abc import Callable, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from scaler.sim import run
+import numpy as np
 
-# (JSON key, column title, format) for the table on stdout and in the HTML report.
+from scaler.policy import model as policy_model
+from scaler.sim import profiles, run, traces
+from scaler.sim.strategies import oracle
+
+# (JSON key, column title, format) for the table on stdout and in the HTML report. Keys a
+# result does not have (older JSON, or a strategy set without them) are left out.
 COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("slo_attainment", "SLO att.", "{:.3f}"),
+    ("slo_attainment_feasible", "SLO att. feas.", "{:.3f}"),
     ("p95_windows_met", "p95 win met", "{:.3f}"),
+    ("p95_windows_met_all", "p95 win met all", "{:.3f}"),
+    ("feasible_windows", "feasible win", "{:d}"),
     ("p50_latency_s", "p50 s", "{:.2f}"),
     ("p95_latency_s", "p95 s", "{:.2f}"),
     ("p99_latency_s", "p99 s", "{:.2f}"),
@@ -26,29 +37,43 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("cost_per_1k_requests", "cost/1k req", "{:.3f}"),
     ("scale_events", "scale events", "{:d}"),
     ("max_replicas", "max repl.", "{:d}"),
+    ("rejected", "rejected", "{:d}"),
+    ("unfinished", "unfinished", "{:d}"),
 )
 
-# JSON Schema of the contract in DESIGN 4.4 (tests validate outputs against it).
+_REQUIRED = ["requests", "completed", "slo_attainment", "p95_windows_met", "p50_latency_s",
+             "p95_latency_s", "p99_latency_s", "gpu_hours", "cost", "idle_cost",
+             "cost_per_1k_requests", "scale_events", "max_replicas"]
+_FRACTION = {"type": "number", "minimum": 0, "maximum": 1}
+_COUNT = {"type": "integer", "minimum": 0}
+_AMOUNT = {"type": "number", "minimum": 0}
+# JSON Schema of the contract in DESIGN 4.4 (tests validate outputs against it). The
+# yardstick extension's keys are allowed, not yet required, while simulators without
+# them exist.
 STRATEGY_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "required": ["requests", "completed", "slo_attainment", "p95_windows_met",
-                 "p50_latency_s", "p95_latency_s", "p99_latency_s", "gpu_hours", "cost",
-                 "idle_cost", "cost_per_1k_requests", "scale_events", "max_replicas"],
+    "required": _REQUIRED,
     "additionalProperties": False,
     "properties": {
-        "requests": {"type": "integer", "minimum": 0},
-        "completed": {"type": "integer", "minimum": 0},
-        "slo_attainment": {"type": "number", "minimum": 0, "maximum": 1},
-        "p95_windows_met": {"type": "number", "minimum": 0, "maximum": 1},
-        "p50_latency_s": {"type": "number", "minimum": 0},
-        "p95_latency_s": {"type": "number", "minimum": 0},
-        "p99_latency_s": {"type": "number", "minimum": 0},
-        "gpu_hours": {"type": "number", "minimum": 0},
-        "cost": {"type": "number", "minimum": 0},
-        "idle_cost": {"type": "number", "minimum": 0},
-        "cost_per_1k_requests": {"type": "number", "minimum": 0},
-        "scale_events": {"type": "integer", "minimum": 0},
-        "max_replicas": {"type": "integer", "minimum": 0},
+        "requests": _COUNT,
+        "completed": _COUNT,
+        "slo_attainment": _FRACTION,
+        "slo_attainment_feasible": _FRACTION,
+        "p95_windows_met": _FRACTION,
+        "p95_windows_met_all": _FRACTION,
+        "feasible_windows": _COUNT,
+        "rejected": _COUNT,
+        "unfinished": _COUNT,
+        "gpu_hours_lower_bound": _AMOUNT,
+        "p50_latency_s": _AMOUNT,
+        "p95_latency_s": _AMOUNT,
+        "p99_latency_s": _AMOUNT,
+        "gpu_hours": _AMOUNT,
+        "cost": _AMOUNT,
+        "idle_cost": _AMOUNT,
+        "cost_per_1k_requests": _AMOUNT,
+        "scale_events": _COUNT,
+        "max_replicas": _COUNT,
     },
 }
 SCHEMA: dict[str, Any] = {
@@ -81,19 +106,33 @@ SCHEMA: dict[str, Any] = {
         },
         "strategies": {
             "type": "object",
-            "propertyNames": {"enum": ["scaler", "hpa", "keda", "kpa", "oracle"]},
+            "propertyNames": {"enum": ["scaler", "hpa", "keda", "kpa", "oracle",
+                                       "oracle-rate", "static-peak"]},
             "additionalProperties": STRATEGY_SCHEMA,
         },
     },
 }
 
 
+def present_columns(summaries: Sequence[Mapping[str, float | int]]
+                    ) -> list[tuple[str, str, str]]:
+    """The COLUMNS that at least one summary has."""
+    return [c for c in COLUMNS if any(c[0] in s for s in summaries)]
+
+
+def _cell(summary: Mapping[str, float | int], key: str, fmt: str) -> str:
+    value = summary.get(key)
+    if value is None:
+        return "-"
+    return fmt.format(int(value) if fmt.endswith("d}") else float(value))
+
+
 def table(result: run.SimulationResult) -> str:
     """A fixed-width comparison table, one row per strategy."""
-    headers = ["strategy", *(title for _, title, _ in COLUMNS)]
-    rows = []
-    for name, outcome in result.results.items():
-        rows.append([name, *(fmt.format(outcome.summary[key]) for key, _, fmt in COLUMNS)])
+    columns = present_columns([r.summary for r in result.results.values()])
+    headers = ["strategy", *(title for _, title, _ in columns)]
+    rows = [[name, *(_cell(outcome.summary, key, fmt) for key, _, fmt in columns)]
+            for name, outcome in result.results.items()]
     widths = [max(len(str(c)) for c in column) for column in zip(headers, *rows, strict=True)]
     lines = ["  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in
                        enumerate(zip(headers, widths, strict=True)))]
@@ -108,115 +147,297 @@ def write_json(result: run.SimulationResult, path: Path) -> None:
     path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
 
 
+def load_replicas(trace: traces.Trace, profile: profiles.ReplicaProfile) -> oracle.IntArray:
+    """Per 60 s window from t=0: the replicas its arrivals need at saturation (rate over one
+    replica's saturation rate for the window's mean lengths, rounded up; 0 when empty).
+    No strategy meets the SLO in a window with fewer, since below that the queue grows.
+
+    Example: a minute of 3,000 requests (50 req/s) of 1,155 in / 211 out on the 8B
+    profile (about 13.5 req/s each at saturation): 50 / 13.5 = 3.7, so 4 replicas.
+    """
+    return oracle.oracle_need(trace, profile, interval_s=run.SLO_WINDOW_S,
+                              bucket_s=run.SLO_WINDOW_S, utilization=1.0)
+
+
+def capacity_warning(trace: traces.Trace, *, policy: policy_model.ScalePolicy,
+                     profile: profiles.ReplicaProfile) -> str | None:
+    """A sentence for the user when `replicas.max` cannot carry the trace's peak, else None."""
+    load = load_replicas(trace, profile)
+    top = policy.spec.replicas.max
+    if not load.size or int(load.max()) <= top:
+        return None
+    need, at = int(load.max()), float(np.argmax(load)) * run.SLO_WINDOW_S
+    return (f"replicas.max {top} of policy {policy.name} cannot carry this trace: the "
+            f"minute at {at / 60:.0f} min needs {need} replicas of {profile.name} at "
+            f"saturation, so every strategy misses the SLO there; replicas.max {need} "
+            "would carry it (more for headroom)")
+
+
+# ----- the figure ------------------------------------------------------------------------
+
+# One colour per role, the same in every panel (matplotlib's tab10, readable on white).
+READY, STARTING, DESIRED, NODES, LOAD = "#1f77b4", "#ff7f0e", "#222222", "#555555", "#17becf"
+UP, DOWN, MISS, INFEASIBLE = "#2ca02c", "#9467bd", "#d62728", "#dddddd"
+
+
+def _count_axis(axis: Any, top: float) -> None:
+    """Whole-number ticks from 0 with room above the highest count: a flat line at 1 gets
+    ticks 0, 1, 2, never 0.96 to 1.04, and no tick reads 1.5 nodes."""
+    from matplotlib import ticker
+
+    axis.set_ylim(0, max(2.0, math.ceil(top * 1.15)))
+    axis.yaxis.set_major_locator(ticker.MaxNLocator(nbins=5, integer=True, min_n_ticks=2))
+
+
+def _seconds_axis(axis: Any, low: float, high: float) -> None:
+    """Log scale with plain labels (0.1, 0.2, 0.5, 1, 2, 5, 10 s), not 2x10^0."""
+    from matplotlib import ticker
+
+    axis.set_yscale("log")
+    axis.set_ylim(max(low / 1.5, 1e-3), high * 1.5)
+    axis.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.yaxis.set_minor_formatter(ticker.NullFormatter())
+
+
 def _figure_png(result: run.SimulationResult) -> str:
-    """One figure, four panels shared in time, as a base64 PNG (Agg: no display needed)."""
+    """Small multiples as a base64 PNG (Agg: no display needed): demand on top, then one
+    row per strategy, replicas on the left and p95 per window on the right, every row on
+    the same axes so rows compare at a glance."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
-    fig, axes = plt.subplots(4, 1, figsize=(11, 12), sharex=True)
-    first = next(iter(result.results.values())).series
-    if first:
-        minutes = [t / 60.0 for t in first["t"]]
-        axes[0].plot(minutes, first["arrival_rate"], color="black", lw=0.8, label="arrivals/s")
-        axes[0].set_ylabel("requests/s")
-        axes[0].set_title("Demand")
-    for name, outcome in result.results.items():
-        s = outcome.series
-        if not s:
-            continue
+    shown = {name: r.series for name, r in result.results.items() if r.series}
+    rows = max(1, len(shown))
+    fig, axes = plt.subplots(rows + 1, 2, figsize=(12, 1.9 * rows + 2.6), sharex=True,
+                             squeeze=False, gridspec_kw={"height_ratios": [0.8] + [1] * rows})
+    slo = result.slo_threshold_s
+    counts_top = max((max(s["desired"] + s["ready"] + [a + b for a, b in
+                                                        zip(s["ready"], s["starting"],
+                                                            strict=True)] + s["nodes"])
+                      for s in shown.values()), default=1.0)
+    p95_values = [v for s in shown.values() for v in s["p95"] if v > 0]
+    p95_low = min(p95_values + [slo / 4])
+    p95_high = max(p95_values + [slo * 2])
+    demand, load = axes[0]
+    first = next(iter(shown.values()), None)
+    if first is not None:
+        demand.plot([t / 60.0 for t in first["t"]], first["arrival_rate"], color=DESIRED,
+                    lw=0.8)
+        demand.set_ylim(0, max(first["arrival_rate"] + [1.0]) * 1.15)
+    need = [float(n) for n in load_replicas(result.trace, result.profile)]
+    need_minutes = [i * run.SLO_WINDOW_S / 60.0 for i in range(len(need))]
+    load.step(need_minutes, need, where="post", color=LOAD, lw=1.2)
+    counts_top = max([counts_top, *need])
+    _count_axis(load, counts_top)
+    demand.set_title("Demand: arrivals (requests/s, per 10 s)", fontsize=10, loc="left")
+    load.set_title("Load in replicas: arrivals / one replica's saturation rate, per minute",
+                   fontsize=10, loc="left")
+    # Windows with traffic that no provisioning can meet (their requests alone on idle
+    # replicas miss the SLO): shaded in every latency panel, they count against no one.
+    traffic = {int(w) for w in np.unique(result.trace.arrival_s // run.SLO_WINDOW_S)}
+    infeasible = sorted(traffic - run.feasible(result.trace, profile=result.profile,
+                                               metric=result.slo_metric, threshold=slo))
+    for row, (name, s) in enumerate(shown.items(), start=1):
+        left, right = axes[row]
+        for w in infeasible:
+            right.axvspan(w * run.SLO_WINDOW_S / 60.0, (w + 1) * run.SLO_WINDOW_S / 60.0,
+                          color=INFEASIBLE, lw=0)
         minutes = [t / 60.0 for t in s["t"]]
-        line = axes[1].plot(minutes, s["ready"], lw=1.0, label=f"{name} ready")[0]
-        axes[1].plot(minutes, s["starting"], lw=0.8, ls=":", color=line.get_color(),
-                     label=f"{name} starting")
-        axes[2].plot(minutes, s["nodes"], lw=1.0, label=name)
-        p95_minutes = [t / 60.0 for t in s["p95_window_t"]]
-        values = [v if v >= 0 else float("nan") for v in s["p95"]]
-        axes[3].step(p95_minutes, values, where="post", lw=1.0, label=name)
-    axes[1].set_title("Replicas ready (solid) and starting (dotted)")
-    axes[1].set_ylabel("replicas")
-    axes[2].set_title("Nodes in the pool")
-    axes[2].set_ylabel("nodes")
-    axes[3].axhline(result.slo_threshold_s, color="red", ls="--", lw=1.0, label="SLO")
-    axes[3].set_yscale("log")
-    axes[3].set_title(f"p95 {result.slo_metric} per 60 s window")
-    axes[3].set_ylabel("seconds")
-    axes[3].set_xlabel("minutes")
-    for axis in axes:
+        left.stackplot(minutes, s["ready"], s["starting"], colors=[READY, STARTING],
+                       alpha=0.75, step="post", lw=0)
+        left.step(minutes, s["desired"], where="post", color=DESIRED, lw=1.4)
+        left.step(need_minutes, need, where="post", color=LOAD, lw=1.0, zorder=3)
+        left.step(minutes, s["nodes"], where="post", color=NODES, lw=1.3, ls=":", zorder=4)
+        events = list(zip(s["event_t"], s["event_from"], s["event_desired"], strict=True))
+        ups = [(t / 60.0, d) for t, before, d in events if d > before]
+        downs = [(t / 60.0, d) for t, before, d in events if d < before]
+        for points, marker, colour in ((ups, "^", UP), (downs, "v", DOWN)):
+            if points:
+                left.scatter([p[0] for p in points], [p[1] for p in points], marker=marker,
+                             s=22, color=colour, zorder=3, clip_on=False)
+        _count_axis(left, counts_top)
+        left.set_ylabel("count")
+        summary = result.results[name].summary
+        left.set_title(f"{name}: {summary['gpu_hours']:.2f} GPU-h, {summary['scale_events']} "
+                       "scale events", fontsize=10, loc="left")
+        window_minutes = [t / 60.0 for t in s["p95_window_t"]]
+        met = [v <= slo + 1e-9 for v in s["p95"]]
+        # Each window's value spans its minute: repeat the last one at its end.
+        ends = [window_minutes[-1] + run.SLO_WINDOW_S / 60.0] if window_minutes else []
+        right.step(window_minutes + ends, s["p95"] + s["p95"][-1:], where="post",
+                   color=READY, lw=1.0)
+        right.scatter([m + 0.5 for m, ok in zip(window_minutes, met, strict=True) if not ok],
+                      [v for v, ok in zip(s["p95"], met, strict=True) if not ok],
+                      s=10, color=MISS, zorder=3)
+        for t in s["p95_unserved_t"]:
+            right.axvspan(t / 60.0, t / 60.0 + 1.0, color=MISS, alpha=0.25, lw=0)
+        right.axhline(slo, color=MISS, ls="--", lw=1.0)
+        right.annotate(f"SLO {slo:g} s", xy=(1.0, slo), xycoords=("axes fraction", "data"),
+                       xytext=(3, 0), textcoords="offset points", va="center", fontsize=8,
+                       color=MISS)
+        _seconds_axis(right, p95_low, p95_high)
+        right.set_ylabel("seconds")
+        feasible = summary.get("feasible_windows")
+        of = f" of {feasible} feasible windows" if feasible is not None else ""
+        right.set_title(f"p95 {result.slo_metric} per 60 s window: "
+                        f"{summary['p95_windows_met']:.3f}{of} met", fontsize=10, loc="left")
+    for axis in axes.flat:
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=7, ncol=5, loc="upper right")
-    fig.tight_layout()
+        axis.margins(x=0)
+    for axis in axes[-1]:
+        axis.set_xlabel("minutes")
+    handles = [Line2D([], [], color=DESIRED, lw=1.4, label="desired (spec.replicas)"),
+               Patch(color=READY, alpha=0.75, label="ready"),
+               Patch(color=STARTING, alpha=0.75, label="starting (stacked on ready)"),
+               Line2D([], [], color=NODES, ls=":", lw=1.3, label="nodes"),
+               Line2D([], [], color=LOAD, label="load in replicas (at saturation)"),
+               Line2D([], [], color=UP, marker="^", ls="", label="scale up"),
+               Line2D([], [], color=DOWN, marker="v", ls="", label="scale down"),
+               Line2D([], [], color=MISS, marker="o", ls="", ms=4, label="window over the SLO"),
+               Patch(color=MISS, alpha=0.25, label="p95 request never served"),
+               Patch(color=INFEASIBLE, label="no provisioning meets it")]
+    fig.legend(handles=handles, loc="upper center", ncol=5, fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, 1.0))
+    fig.tight_layout(rect=(0, 0, 0.97, 1 - 0.5 / (1.9 * rows + 2.6)))
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90)
     plt.close(fig)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def render_html(result: run.SimulationResult) -> str:
-    data = result.to_json()
-    head = "".join(f"<th>{html.escape(title)}</th>" for _, title, _ in COLUMNS)
+STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1150px;color:#222}
+table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #bbb;padding:3px 6px;
+text-align:right}th:first-child{text-align:left;white-space:nowrap}img{max-width:100%}
+p.note{color:#555}"""
+
+
+def html_table(result: run.SimulationResult) -> str:
+    columns = present_columns([r.summary for r in result.results.values()])
+    head = "".join(f"<th>{html.escape(title)}</th>" for _, title, _ in columns)
     rows = []
     for name, outcome in result.results.items():
-        cells = "".join(f"<td>{fmt.format(outcome.summary[key])}</td>"
-                        for key, _, fmt in COLUMNS)
+        cells = "".join(f"<td>{_cell(outcome.summary, key, fmt)}</td>"
+                        for key, _, fmt in columns)
         rows.append(f"<tr><th>{html.escape(name)}</th>{cells}</tr>")
+    return f"<table><tr><th>strategy</th>{head}</tr>{''.join(rows)}</table>"
+
+
+def render_html(result: run.SimulationResult, *, title: str | None = None) -> str:
+    """The report page; `title` is the caller's (default: "Simulation of POLICY")."""
+    heading = title or f"Simulation of {result.policy.name}"
+    trace = result.to_json()["trace"]
     sources = "".join(f'<li>{html.escape(s.what)}: <a href="{html.escape(s.url)}">'
                       f"{html.escape(s.url)}</a></li>" for s in result.profile.sources)
-    trace = data["trace"]
     return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>scaler simulate: {html.escape(result.policy.name)}</title>
-<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
-td,th{{border:1px solid #bbb;padding:4px 8px;text-align:right}}
-th:first-child{{text-align:left}}</style>
+<html><head><meta charset="utf-8"><title>{html.escape(heading)}</title>
+<style>{STYLE}</style>
 </head><body>
-<h1>Simulation of {html.escape(result.policy.name)}</h1>
+<h1>{html.escape(heading)}</h1>
 <p>Trace <code>{html.escape(trace["path"])}</code>: {trace["requests"]} requests over
-{trace["duration_s"]:.0f} s at rate scale {trace["rate_scale"]}.
-SLO: p95 {html.escape(result.slo_metric)} within {result.slo_threshold_s} s.
-Replica profile <code>{html.escape(result.profile.name)}</code>
-({html.escape(result.profile.model)} on {html.escape(result.profile.gpu)}).</p>
-<table><tr><th>strategy</th>{head}</tr>{"".join(rows)}</table>
-<p>GPU-hours are allocated GPU-hours from pod creation to removal, cold starts included;
-the oracle's are the lower bound.</p>
-<img alt="demand, replicas, nodes and p95 over time"
+{trace["duration_s"]:.0f} s at rate scale {trace["rate_scale"]:g}. Policy
+<code>{html.escape(result.policy.name)}</code>; SLO: p95 {html.escape(result.slo_metric)}
+within {result.slo_threshold_s:g} s per 60 s window. Replica profile
+<code>{html.escape(result.profile.name)}</code> ({html.escape(result.profile.model)} on
+{html.escape(result.profile.gpu)}).</p>
+{html_table(result)}
+<p class="note">GPU-hours are allocated GPU-hours from pod creation to removal, cold starts
+included; the oracle knows the future and is the reference for the fewest GPU-hours that
+meet the SLO.</p>
+<h2>What each strategy decided</h2>
+<p class="note">Left: the replicas each strategy asked for (black step), ready (blue) and
+starting (orange, stacked on ready), nodes (dotted), each scale event (triangles), and
+the load in replicas (teal: what one minute's arrivals need at saturation, no headroom).
+Right: the p95 of each 60 s window against the SLO (dashed red); red dots are windows
+over it; grey windows are ones no provisioning can meet (each request alone on an idle
+replica misses the SLO), which count against no strategy. All rows share their axes.</p>
+<img alt="demand, then per strategy replicas and p95 over time"
  src="data:image/png;base64,{_figure_png(result)}">
 <h2>Profile sources</h2><ul>{sources}</ul>
-<h2>JSON</h2><pre>{html.escape(json.dumps(data, indent=2))}</pre>
 </body></html>
 """
 
 
-def write_html(result: run.SimulationResult, path: Path) -> None:
-    path.write_text(render_html(result))
+def write_html(result: run.SimulationResult, path: Path, *, title: str | None = None) -> None:
+    path.write_text(render_html(result, title=title))
+
+
+# ----- progress --------------------------------------------------------------------------
 
 
 class ProgressBar:
-    """A one-line progress bar on stderr, shown only on a terminal and after 2 s."""
+    """Progress on stderr after the first 2 s: a redrawn bar on a terminal, otherwise a
+    plain line every `every_s` seconds (logs and CI show a run is alive, without bars).
+
+    Phases that report nothing (the oracle's search replays the trace many times before
+    its own run) would still be silent: `start()` runs a daemon thread that calls `beat()`
+    each second, which repeats the last state with the elapsed time when it is due.
+    """
 
     def __init__(self, names: Sequence[str], *, stream: TextIO | None = None,
-                 clock: Callable[[], float] | None = None) -> None:
-        import time
-
+                 clock: Callable[[], float] | None = None, every_s: float = 10.0) -> None:
         self.stream = stream or sys.stderr
         self.names = list(names)
         self.clock = clock or time.monotonic
         self.started = self.clock()
-        self.enabled = self.stream.isatty()
+        self.terminal = self.stream.isatty()
+        self.every_s = every_s
+        self.last_write = self.started
         self.shown = False
+        self.state = (self.names[0] if self.names else "", 0.0)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def __call__(self, name: str, fraction: float) -> None:
-        if not self.enabled or self.clock() - self.started < 2.0:
-            return
-        position = self.names.index(name) if name in self.names else 0
-        overall = (position + fraction) / max(1, len(self.names))
-        width = 30
-        filled = int(overall * width)
-        self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {overall:4.0%} {name:<7}")
-        self.stream.flush()
-        self.shown = True
+        # Warm-up steps run before t=0 and report a negative fraction.
+        self.state = (name, min(max(fraction, 0.0), 1.0))
+        self._write(due_s=0.0 if self.terminal else self.every_s)
+
+    def beat(self) -> None:
+        """Repeat the last state if nothing was written for a while (1 s on a terminal,
+        so the elapsed time moves; `every_s` otherwise)."""
+        self._write(due_s=1.0 if self.terminal else self.every_s)
+
+    def _write(self, *, due_s: float) -> None:
+        with self._lock:
+            now = self.clock()
+            if now - self.started < 2.0 or now - self.last_write < due_s:
+                return
+            name, fraction = self.state
+            position = self.names.index(name) if name in self.names else 0
+            overall = (position + fraction) / max(1, len(self.names))
+            elapsed = now - self.started
+            if self.terminal:
+                filled = int(overall * 30)
+                self.stream.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {overall:4.0%} "
+                                  f"{name:<11} {elapsed:4.0f} s")
+                self.shown = True
+            else:
+                self.stream.write(f"simulate: {overall:4.0%} done ({name} {fraction:.0%}, "
+                                  f"{position + 1} of {len(self.names)} strategies), "
+                                  f"{elapsed:.0f} s elapsed\n")
+            self.last_write = now
+            self.stream.flush()
+
+    def start(self) -> ProgressBar:
+        def run() -> None:
+            while not self._stop.wait(1.0):
+                self.beat()
+
+        self._thread = threading.Thread(target=run, name="simulate-progress", daemon=True)
+        self._thread.start()
+        return self
 
     def close(self) -> None:
-        if self.shown:
-            self.stream.write("\r" + " " * 50 + "\r")
-            self.stream.flush()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        with self._lock:
+            if self.shown:
+                self.stream.write("\r" + " " * 70 + "\r")
+                self.stream.flush()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -10,18 +9,24 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from scaler.engine import cost as engine_cost
 from scaler.policy import model as policy_model
 from scaler.sim import cluster as sim_cluster
-from scaler.sim import profiles, strategies, traces
+from scaler.sim import profiles, scoring, strategies, traces
+from scaler.sim.strategies import oracle, static_peak
 
 # DESIGN 4.4: p95 is judged per 60 s window of arrivals that has traffic.
-SLO_WINDOW_S = 60.0
+SLO_WINDOW_S = scoring.SLO_WINDOW_S
 # Warm-up traffic before t=0: longer than the longest window a strategy reads at t=0
 # (KPA's 60 s stable window, the HPA's 60 s metric lag).
 WARMUP_S = 120.0
 
+# Strategies that replay the oracle's plan (they share one, computed first).
+PLANNED = ("oracle", "static-peak")
+
 Progress = Callable[[str, float], None]
 FloatArray = npt.NDArray[np.float64]
+latencies = scoring.latencies
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +78,75 @@ def slo_of(policy: policy_model.ScalePolicy) -> tuple[str, float]:
     return guard.metric, guard.slo_seconds
 
 
+def feasible(trace: traces.Trace, *, profile: profiles.ReplicaProfile, metric: str,
+             threshold: float, dt: float = 0.1) -> set[int]:
+    """Windows some provisioning can meet: their requests alone on idle replicas do.
+
+    Requests beyond the context limit are rejected by every strategy and judged by none.
+    """
+    keep = profile.accepts(input_tokens=trace.input_tokens, output_tokens=trace.output_tokens)
+    return scoring.feasible_windows(
+        profile=profile, arrival_s=trace.arrival_s[keep],
+        input_tokens=trace.input_tokens[keep].astype(np.float64),
+        output_tokens=trace.output_tokens[keep].astype(np.float64),
+        metric=metric, threshold=threshold, dt=dt)
+
+
+def oracle_problem(trace: traces.Trace, *, policy: policy_model.ScalePolicy,
+                   profile: profiles.ReplicaProfile, dt: float = 0.1) -> oracle.Problem:
+    metric, threshold = slo_of(policy)
+    return oracle.Problem(trace=trace, profile=profile, pool=pool_for(policy, profile),
+                          policy=policy, metric=metric, threshold_s=threshold, dt=dt)
+
+
+def plan_oracle(
+    trace: traces.Trace, *, policy: policy_model.ScalePolicy, profile: profiles.ReplicaProfile,
+    initial: int | None = None, dt: float = 0.1, warmup_s: float = WARMUP_S,
+) -> oracle.Plan:
+    """The oracle's plan: per-window needs, the lower bound, and the repaired replay."""
+    problem = oracle_problem(trace, policy=policy, profile=profile, dt=dt)
+    windows = feasible(trace, profile=profile, metric=problem.metric,
+                       threshold=problem.threshold_s, dt=dt)
+    return oracle.make_plan(problem, feasible=windows, initial=initial,
+                            run=replayer(problem, warmup_s=warmup_s))
+
+
+def initial_replicas_for(trace: traces.Trace, *, policy: policy_model.ScalePolicy,
+                         profile: profiles.ReplicaProfile, dt: float = 0.1) -> int:
+    """Every strategy's start on this trace (`oracle.initial_replicas`), for `simulate`."""
+    problem = oracle_problem(trace, policy=policy, profile=profile, dt=dt)
+    windows = feasible(trace, profile=profile, metric=problem.metric,
+                       threshold=problem.threshold_s, dt=dt)
+    return oracle.initial_replicas(problem, feasible=windows, run=replayer(problem))
+
+
+def replayer(problem: oracle.Problem, *, warmup_s: float = WARMUP_S) -> oracle.Runner:
+    """How the oracle replays a schedule: `run_strategy` on the problem's cluster."""
+
+    def replay(strategy: oracle.Scheduled, start: int, trace: traces.Trace
+               ) -> sim_cluster.SimCluster:
+        return run_strategy(strategy, trace=trace, profile=problem.profile, pool=problem.pool,
+                            policy=problem.policy, initial_replicas=start, dt=problem.dt,
+                            warmup_s=warmup_s)
+
+    return replay
+
+
+def context_for(
+    *, policy: policy_model.ScalePolicy, profile: profiles.ReplicaProfile,
+    trace: traces.Trace, pool: sim_cluster.PoolConfig, need: npt.NDArray[np.int64] | None = None,
+    initial: int | None = None, dt: float = 0.1, plan: oracle.Plan | None = None,
+) -> strategies.Context:
+    """What strategy constructors read; the oracle's plan (`plan`, or computed when first
+    needed) is shared by `oracle` and `static-peak`."""
+    return strategies.Context(
+        policy=policy, profile=profile, trace=trace, pool=pool,
+        rate_need=oracle.oracle_need(trace, profile) if need is None else need,
+        planner=lambda: plan_oracle(trace, policy=policy, profile=profile, initial=initial,
+                                    dt=dt),
+        _plan=plan)
+
+
 def make_strategy(
     name: str,
     *,
@@ -80,21 +154,12 @@ def make_strategy(
     profile: profiles.ReplicaProfile,
     trace: traces.Trace,
     pool: sim_cluster.PoolConfig,
-    need: npt.NDArray[np.int64],
+    need: npt.NDArray[np.int64] | None = None,
+    initial_replicas: int | None = None,
 ) -> strategies.Strategy:
-    if name == "scaler":
-        return strategies.ScalerStrategy(policy, start_epoch_s=trace.start_s)
-    if name == "hpa":
-        return strategies.Hpa(policy)
-    if name == "keda":
-        return strategies.Keda(policy)
-    if name == "kpa":
-        return strategies.Kpa(policy)
-    if name == "oracle":
-        return strategies.Oracle(policy=policy, need=need, profile=profile,
-                                 gpus_per_node=pool.gpus_per_node,
-                                 gpus_per_replica=policy.spec.resources.gpus_per_replica)
-    raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(strategies.STRATEGIES)}")
+    """The named strategy from the registry (`strategies.REGISTRY`)."""
+    return strategies.make(name, context_for(policy=policy, profile=profile, trace=trace,
+                                             pool=pool, need=need, initial=initial_replicas))
 
 
 def run_strategy(
@@ -112,7 +177,10 @@ def run_strategy(
     """Drive one cluster with one strategy to the end of the trace and its drain tail.
 
     The strategy is first asked at t=0, after `warmup_s` of warm-up traffic on the
-    initial replicas (see SimCluster), and then every `period_s`.
+    initial replicas (see SimCluster), and then every `period_s`. The run ends when
+    every accepted request has finished after the trace's end, or at the end of the
+    drain tail (`cluster.DRAIN_TAIL_S`): what is still unfinished then is counted
+    (`unfinished`) and judged a miss.
     """
     cluster = sim_cluster.SimCluster(
         trace=trace, profile=profile, pool=pool, initial_replicas=initial_replicas, dt=dt,
@@ -120,7 +188,6 @@ def run_strategy(
     )
     next_decision = 0.0
     report_every = max(1, cluster.steps // 100)
-    total = cluster.arrival.size
     for step in range(cluster.steps):
         now = cluster.time_of_step(step)
         cluster.advance(now)
@@ -128,24 +195,11 @@ def run_strategy(
             cluster.scale_to(strategy.decide(cluster, now=now), now=now)
             next_decision += strategy.period_s
         cluster.run_step(now)
-        if now > trace.duration_s and cluster.completed == total:
+        if now > trace.duration_s and cluster.drained:
             break
         if progress is not None and step % report_every == 0:
             progress(strategy.name, min(1.0, now / max(trace.duration_s, 1e-9)))
     return cluster
-
-
-def latencies(cluster: sim_cluster.SimCluster, metric: str) -> FloatArray:
-    """Per-request latency of the SLO metric (trace requests only, not warm-up); NaN for
-    requests that never got there."""
-    values: FloatArray
-    if metric == "e2e":
-        values = cluster.done - cluster.arrival
-    elif metric == "itl":
-        values = (cluster.done - cluster.first_token) / np.maximum(cluster.output_tokens - 1, 1)
-    else:
-        values = cluster.first_token - cluster.arrival
-    return values[cluster.first:]
 
 
 def summarize(
@@ -154,47 +208,74 @@ def summarize(
     policy: policy_model.ScalePolicy,
     metric: str,
     threshold: float,
+    feasible_windows: set[int] | None = None,
 ) -> dict[str, float | int]:
-    """The contract's per-strategy numbers (DESIGN 4.4 and the cost vocabulary of 1)."""
+    """The contract's per-strategy numbers (DESIGN 4.4 and the cost vocabulary of 1).
+
+    Rejected requests (beyond the context limit) are counted and judged by no SLO
+    figure; unfinished ones are misses. `feasible_windows` defaults to every window
+    with traffic (callers that know the profile pass `feasible(...)`).
+    """
     trace = cluster.trace
-    latency = latencies(cluster, metric)
-    served = np.isfinite(latency)
-    # A request that never got its answer missed the SLO.
-    judged = np.where(served, latency, np.inf)
-    attainment = float(np.mean(judged <= threshold + 1e-9)) if judged.size else 1.0
-    windows = (trace.arrival_s // SLO_WINDOW_S).astype(np.int64)
-    order = np.argsort(windows, kind="stable")
-    splits = np.flatnonzero(np.diff(windows[order])) + 1
-    met = [float(np.percentile(group, 95)) <= threshold + 1e-9
-           for group in np.split(judged[order], splits) if group.size]
-    good = latency[served]
-    p50, p95, p99 = (np.percentile(good, [50, 95, 99]).tolist() if good.size
+    accepted = ~cluster.rejected[cluster.first:]
+    judged = scoring.judged(cluster, metric)[accepted]
+    windows = scoring.windows_of(trace.arrival_s)[accepted]
+    within = judged <= threshold + scoring.EPSILON_S
+    met = scoring.window_met(judged, windows, threshold)
+    if feasible_windows is None:
+        feasible_windows = set(met)
+    judged_feasible = [w for w in met if w in feasible_windows]
+    in_feasible = np.isin(windows, np.fromiter(feasible_windows, dtype=np.int64,
+                                               count=len(feasible_windows)))
+    served = judged[np.isfinite(judged)]
+    p50, p95, p99 = (np.percentile(served, [50, 95, 99]).tolist() if served.size
                      else [0.0, 0.0, 0.0])
-    horizon = trace.duration_s
-    gpu_hours = cluster.gpu_seconds(until=horizon) / 3600.0
-    hourly = policy.spec.cost.gpu_hourly
-    cost = gpu_hours * hourly
-    useful = min(1.0, cluster.useful_gpu_s / 3600.0 / gpu_hours) if gpu_hours > 0 else 0.0
     completed = int(np.isfinite(cluster.done[cluster.first:]).sum())
+    rejected = int(trace.requests - np.count_nonzero(accepted))
+    price = engine_cost.of_gpu_time(
+        allocated_gpu_seconds=cluster.gpu_seconds(until=trace.duration_s),
+        useful_gpu_seconds=cluster.useful_gpu_s, gpu_hourly=policy.spec.cost.gpu_hourly,
+        requests=completed)
+
+    def fraction(hits: int, total: int) -> float:
+        # Nothing to judge counts against nobody (0 feasible windows: 1.0).
+        return round(hits / total, 6) if total else 1.0
+
     return {
         "requests": trace.requests,
         "completed": completed,
-        "slo_attainment": round(attainment, 6),
-        "p95_windows_met": round(sum(met) / len(met), 6) if met else 1.0,
+        "rejected": rejected,
+        "unfinished": trace.requests - rejected - completed,
+        "slo_attainment": fraction(int(within.sum()), int(judged.size)),
+        "slo_attainment_feasible": fraction(int(within[in_feasible].sum()),
+                                            int(in_feasible.sum())),
+        "feasible_windows": len(judged_feasible),
+        "p95_windows_met": fraction(sum(met[w] for w in judged_feasible), len(judged_feasible)),
+        "p95_windows_met_all": fraction(sum(met.values()), len(met)),
         "p50_latency_s": round(p50, 4),
         "p95_latency_s": round(p95, 4),
         "p99_latency_s": round(p99, 4),
-        "gpu_hours": round(gpu_hours, 4),
-        "cost": round(cost, 4),
-        "idle_cost": round(cost * (1.0 - useful), 4),
-        "cost_per_1k_requests": round(cost / completed * 1000.0, 4) if completed else 0.0,
+        "gpu_hours": round(price.allocated_gpu_hours, 4),
+        "cost": round(price.cost, 4),
+        "idle_cost": round(price.idle_cost, 4),
+        # The contract's number: 0 when nothing completed (no price per request).
+        "cost_per_1k_requests": round(price.cost_per_1k_requests or 0.0, 4),
         "scale_events": cluster.scale_events,
         "max_replicas": cluster.max_spec,
     }
 
 
 def series(cluster: sim_cluster.SimCluster, *, metric: str) -> dict[str, list[float]]:
-    """Per-10 s series for the report's plots: demand, replicas, nodes, p95 per window."""
+    """Series for the report's plots, from t=0 (warm-up excluded):
+
+    - every 10 s: `t`, `arrival_rate` (req/s), `in_system` (mean requests), and the counts
+      at the end of each 10 s (whole numbers): `desired` (spec.replicas as set), `ready`,
+      `starting` (pods created, not ready yet, waiting for a node included), `nodes`;
+    - `event_t`/`event_from`/`event_desired`: each change of spec.replicas, at its step;
+    - `p95_window_t`/`p95`: each 60 s window with traffic and its p95 (unanswered
+      requests count as waiting until the end); `p95_unserved_t`: windows whose p95
+      request was never answered.
+    """
     h = cluster.history
     per = max(1, int(round(10.0 / cluster.dt)))
     start = cluster.index(0.0)
@@ -204,31 +285,53 @@ def series(cluster: sim_cluster.SimCluster, *, metric: str) -> dict[str, list[fl
 
     def fold(values: npt.NDArray[Any], how: str) -> list[float]:
         shaped = values[start:start + steps].reshape(-1, per).astype(np.float64)
+        if how == "last":
+            return [float(v) for v in shaped[:, -1]]
         folded = shaped.sum(axis=1) / 10.0 if how == "rate" else shaped.mean(axis=1)
         return [round(float(v), 3) for v in folded]
 
-    latency = latencies(cluster, metric)
-    windows = (cluster.trace.arrival_s // SLO_WINDOW_S).astype(np.int64)
-    judged = np.where(np.isfinite(latency), latency, np.inf)
+    # From the last warm-up step, so a change decided at t=0 counts as an event.
+    base = max(start - 1, 0)
+    spec = h.spec[base:cluster.step]
+    changed = np.flatnonzero(np.diff(spec)) + 1
+    # p95 per window of the accepted requests: of their censored latencies (an unanswered
+    # request counts as waiting until the run ended), so every value is finite; windows
+    # whose p95 request was never answered are listed apart.
+    accepted = ~cluster.rejected[cluster.first:]
+    windows = scoring.windows_of(cluster.trace.arrival_s)[accepted]
+    shown = scoring.censored(cluster, metric)[accepted]
+    judged = scoring.judged(cluster, metric)[accepted]
+    p95_t: list[float] = []
     p95: list[float] = []
-    for w in range(int(windows.max()) + 1 if windows.size else 0):
-        group = judged[windows == w]
-        value = float(np.percentile(group, 95)) if group.size else math.nan
-        p95.append(round(value, 3) if math.isfinite(value) else -1.0)
+    unserved: list[float] = []
+    order = np.argsort(windows, kind="stable")
+    for idx in np.split(order, np.flatnonzero(np.diff(windows[order])) + 1):
+        if not idx.size:
+            continue
+        start_t = float(windows[idx[0]]) * SLO_WINDOW_S
+        p95_t.append(start_t)
+        p95.append(round(float(np.percentile(shown[idx], 95)), 3))
+        if not scoring.p95_within(judged[idx], float(np.finfo(np.float64).max)):
+            unserved.append(start_t)
     return {
         "t": [i * 10.0 for i in range(steps // per)],
         "arrival_rate": fold(h.arrivals, "rate"),
         "in_system": fold(h.waiting + h.running, "mean"),
-        "ready": fold(h.ready, "mean"),
-        "starting": fold(h.starting, "mean"),
-        "nodes": fold(h.nodes, "mean"),
-        "p95_window_t": [w * SLO_WINDOW_S for w in range(len(p95))],
+        "desired": fold(h.spec, "last"),
+        "ready": fold(h.ready, "last"),
+        "starting": fold(h.starting, "last"),
+        "nodes": fold(h.nodes, "last"),
+        "event_t": [round(cluster.time_of_step(base + int(i)), 3) for i in changed],
+        "event_desired": [float(spec[i]) for i in changed],
+        "event_from": [float(spec[i - 1]) for i in changed],
+        "p95_window_t": p95_t,
         "p95": p95,
+        "p95_unserved_t": unserved,
     }
 
 
 def initial_replicas(policy: policy_model.ScalePolicy, need: npt.NDArray[np.int64]) -> int:
-    """Every strategy starts from the same steady state: what the first minute needs."""
+    """A start from a per-window need (the rate estimate): what the first minute needs."""
     first = int(need[0]) if need.size else 0
     spec = policy.spec
     return min(max(first, spec.replicas.min, 1), spec.replicas.max)
@@ -242,21 +345,44 @@ def simulate(
     names: Sequence[str] = strategies.STRATEGIES,
     dt: float = 0.1,
     progress: Progress | None = None,
+    initial: int | None = None,
 ) -> SimulationResult:
-    """Run each named strategy on its own copy of the cluster; same trace, same start."""
+    """Run each named strategy on its own copy of the cluster; same trace, same start.
+
+    Every strategy starts from the oracle's initial replicas (`initial`, or
+    `initial_replicas_for`: what the windows before a first pod could serve need),
+    except `static-peak`, which holds its peak from t=0. The oracle's own replay is the
+    one its plan already ran. Runs split across processes pass the same `initial`.
+    """
     pool = pool_for(policy, profile)
-    need = strategies.oracle_need(trace, profile)
-    start = initial_replicas(policy, need)
-    metric, threshold = slo_of(policy)
+    problem = oracle_problem(trace, policy=policy, profile=profile, dt=dt)
+    metric, threshold = problem.metric, problem.threshold_s
+    windows = feasible(trace, profile=profile, metric=metric, threshold=threshold, dt=dt)
+    plan: oracle.Plan | None = None
+    if any(name in PLANNED for name in names):
+        plan = plan_oracle(trace, policy=policy, profile=profile, dt=dt, initial=initial)
+        start = plan.initial
+    elif initial is not None:
+        start = initial
+    else:
+        start = initial_replicas_for(trace, policy=policy, profile=profile, dt=dt)
+    context = context_for(policy=policy, profile=profile, trace=trace, pool=pool,
+                          initial=start, dt=dt, plan=plan)
     results: dict[str, StrategyResult] = {}
     for name in names:
-        strategy = make_strategy(name, policy=policy, profile=profile, trace=trace, pool=pool,
-                                 need=need)
-        cluster = run_strategy(strategy, trace=trace, profile=profile, pool=pool,
-                               policy=policy, initial_replicas=start, dt=dt, progress=progress)
-        results[name] = StrategyResult(
-            name=name,
-            summary=summarize(cluster, policy=policy, metric=metric, threshold=threshold),
-            series=series(cluster, metric=metric))
+        strategy = strategies.make(name, context)
+        cluster = context.plan().replayed if name == "oracle" else None
+        if cluster is None:
+            own = strategy.initial_replicas if isinstance(
+                strategy, static_peak.StaticPeak) else start
+            cluster = run_strategy(strategy, trace=trace, profile=profile, pool=pool,
+                                   policy=policy, initial_replicas=own, dt=dt,
+                                   progress=progress)
+        summary = summarize(cluster, policy=policy, metric=metric, threshold=threshold,
+                            feasible_windows=windows)
+        if name == "oracle":
+            summary["gpu_hours_lower_bound"] = round(context.plan().lower_bound_gpu_hours, 4)
+        results[name] = StrategyResult(name=name, summary=summary,
+                                       series=series(cluster, metric=metric))
     return SimulationResult(trace=trace, policy=policy, profile=profile, slo_metric=metric,
                             slo_threshold_s=threshold, results=results)

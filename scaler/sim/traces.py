@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import bisect
 import csv
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -13,6 +15,8 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+
+from scaler import data
 
 TraceFormat = Literal["auto", "azure", "mooncake", "servegen", "csv"]
 FORMATS: tuple[TraceFormat, ...] = ("auto", "azure", "mooncake", "servegen", "csv")
@@ -47,11 +51,14 @@ class Row:
 
 @dataclass(frozen=True)
 class Trace:
-    """Requests sorted by arrival; `arrival_s` is relative to the first arrival (0.0).
+    """Requests sorted by arrival; `arrival_s` is relative to the first arrival (0.0), or
+    to the slice start when a slice was cut with `start_s` (see `load_trace`).
 
-    `duration_s` is last minus first arrival (Azure code: 3,436 s for 8,819 requests).
-    `start_s` is the first arrival's absolute time in seconds (epoch seconds for Azure's
-    naive wall clock read as UTC; 0 for ServeGen, whose window 0 is local midnight).
+    `duration_s` is the last arrival's time (Azure code: 3,436 s for 8,819 requests).
+    `start_s` is the absolute time of `arrival_s == 0` in seconds (epoch seconds for
+    Azure's naive wall clock read as UTC; seconds from local midnight of day 0 for
+    ServeGen). `length_source` says where token lengths came from when the trace itself
+    has none (ServeGen), for the user to see.
     """
 
     path: str
@@ -60,6 +67,7 @@ class Trace:
     output_tokens: IntArray
     rate_scale: float = 1.0
     start_s: float = 0.0
+    length_source: str = ""
 
     @property
     def requests(self) -> int:
@@ -354,7 +362,177 @@ def default_lengths_path(servegen_path: Path) -> Path | None:
 
 
 def _bundled_traces() -> Path:
-    return Path(__file__).resolve().parents[2] / "loadtests" / "traces"
+    return data.path("traces")  # package data: loadtests/traces in the repository
+
+
+# ----- ServeGen per-client length distributions (chunk-N-dataset.json) ----------------
+
+# What a ServeGen `dataset.json` entry may hold. Language and reasoning clients publish
+# `input_tokens` and `output_tokens` (reasoning tokens are part of the output; its
+# `reason_ratio` only splits them). Multimodal clients publish `text_tokens`, and per
+# modality a `<m>_count` (items per request) and `<m>_tokens` (tokens per item); all of
+# them are prompt tokens the replica prefills before the first token.
+PROMPT_FIELDS = ("input_tokens", "text_tokens")
+MODALITIES = ("image", "audio", "video")
+
+# `lengths` for `load_servegen`/`load_trace`: "auto" (each client's dataset.json where it
+# has one, else ShareGPT stats), "dataset" (dataset.json required for every client), or
+# the path of a ShareGPT-style stats CSV (or any trace) to draw from.
+LengthChoice = Literal["auto", "dataset"] | Path
+
+
+@dataclass(frozen=True, slots=True)
+class Pmf:
+    """A discrete distribution over token counts, ready to sample by inverse CDF."""
+
+    values: FloatArray
+    cdf: FloatArray
+
+    def draw(self, count: int, rng: np.random.Generator) -> IntArray:
+        index = np.searchsorted(self.cdf, rng.random(count) * self.cdf[-1], side="right")
+        drawn: IntArray = self.values[np.minimum(index, self.values.size - 1)].astype(np.int64)
+        return drawn
+
+
+def parse_pmf(text: object, *, path: Path, line: int, column: str) -> Pmf | None:
+    """ServeGen's `"{224: 0.0003, 225: 0.0008, ...}"` (a string holding a dict of token
+    count -> probability) as a Pmf; None for an empty `{}` (ServeGen skips those).
+
+    A JSON object (`{"224": 0.0003}`) is accepted too. Probabilities are normalised
+    (the published ones sum to 1 within rounding).
+    """
+    if isinstance(text, dict):
+        pairs = [f"{k}:{v}" for k, v in text.items()]
+    elif isinstance(text, str) and text.strip().startswith("{") and text.strip().endswith("}"):
+        body = text.strip()[1:-1].strip()
+        pairs = [part for part in body.split(",") if part.strip()] if body else []
+    else:
+        raise TraceError(path, line=line, column=column,
+                         message=f"expected a '{{tokens: probability, ...}}' map, found "
+                         f"{str(text)[:40]!r}")
+    if not pairs:
+        return None
+    try:
+        numbers = np.array([half for pair in pairs for half in pair.split(":")],
+                           dtype=np.float64).reshape(-1, 2)
+    except ValueError:
+        raise TraceError(path, line=line, column=column,
+                         message="entries must be 'tokens: probability' numbers") from None
+    values, probs = numbers[:, 0], numbers[:, 1]
+    if not (np.isfinite(numbers).all() and (values >= 0).all() and (probs >= 0).all()
+            and np.equal(np.mod(values, 1), 0).all()):
+        raise TraceError(path, line=line, column=column,
+                         message="token counts must be whole and non-negative, "
+                         "probabilities finite and non-negative")
+    total = float(probs.sum())
+    if total <= 0:
+        raise TraceError(path, line=line, column=column, message="probabilities sum to 0")
+    return Pmf(values, np.cumsum(probs / total))
+
+
+@dataclass(frozen=True, slots=True)
+class LengthMix:
+    """One dataset.json entry: how a client's prompts and outputs are distributed."""
+
+    prompt: Pmf
+    output: Pmf
+    items: tuple[tuple[Pmf, Pmf | None], ...] = ()  # per modality: tokens, count
+
+    def draw(self, count: int, rng: np.random.Generator) -> tuple[IntArray, IntArray]:
+        """(prefill tokens, output tokens) for `count` requests."""
+        prompt = self.prompt.draw(count, rng)
+        for tokens, per_request in self.items:
+            if per_request is None:
+                prompt += tokens.draw(count, rng)
+                continue
+            items = per_request.draw(count, rng)
+            owner = np.repeat(np.arange(count), items)
+            prompt += np.bincount(owner, weights=tokens.draw(int(items.sum()), rng),
+                                  minlength=count).astype(np.int64)
+        return prompt, self.output.draw(count, rng)
+
+
+def dataset_path(trace_file: Path) -> Path:
+    """`chunk-7-trace.csv` -> `chunk-7-dataset.json` beside it (ServeGen's layout)."""
+    return trace_file.with_name(trace_file.name.replace("-trace.csv", "-dataset.json"))
+
+
+def load_dataset(path: Path) -> dict[float, LengthMix]:
+    """A client's dataset.json: window start (s) -> LengthMix; entries with an empty
+    distribution are skipped, as ServeGen's ClientPool does."""
+    text = path.read_text()
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceError(path, line=exc.lineno, column=f"char {exc.colno}",
+                         message=f"invalid JSON: {exc.msg}") from None
+    if not isinstance(document, dict):
+        raise TraceError(path, line=1, column=None,
+                         message="expected an object of window start -> distributions")
+    mixes: dict[float, LengthMix] = {}
+    for key, fields in document.items():
+        line = text.count("\n", 0, max(text.find(f'"{key}"'), 0)) + 1
+        try:
+            start = float(key)
+        except ValueError:
+            raise TraceError(path, line=line, column=key,
+                             message="window start is not a number of seconds") from None
+        if not isinstance(fields, dict):
+            raise TraceError(path, line=line, column=key, message="expected an object")
+        mix = _length_mix(fields, path=path, line=line, key=key)
+        if mix is not None:
+            mixes[start] = mix
+    if not mixes:
+        raise TraceError(path, line=1, column=None, message="no non-empty length distribution")
+    return dict(sorted(mixes.items()))
+
+
+def _length_mix(fields: dict[str, object], *, path: Path, line: int, key: str
+                ) -> LengthMix | None:
+    def pmf(name: str) -> Pmf | None:
+        return parse_pmf(fields[name], path=path, line=line, column=f"{key}.{name}")
+
+    prompt_field = next((f for f in PROMPT_FIELDS if f in fields), None)
+    if prompt_field is None or "output_tokens" not in fields:
+        raise TraceError(path, line=line, column=key,
+                         message="needs output_tokens and input_tokens (or text_tokens), "
+                         f"found {sorted(fields)}")
+    prompt, output = pmf(prompt_field), pmf("output_tokens")
+    if prompt is None or output is None:
+        return None
+    items: list[tuple[Pmf, Pmf | None]] = []
+    for modality in MODALITIES:
+        if f"{modality}_tokens" not in fields:
+            continue
+        tokens = pmf(f"{modality}_tokens")
+        count = pmf(f"{modality}_count") if f"{modality}_count" in fields else None
+        if tokens is not None:
+            items.append((tokens, count))
+    return LengthMix(prompt, output, tuple(items))
+
+
+def _mix_at(mixes: dict[float, LengthMix], start_s: float) -> LengthMix:
+    """The entry in force at a window: the latest one starting at or before it (ServeGen's
+    rule), else the earliest (a client whose first entry starts later). `mixes` is sorted."""
+    starts = list(mixes)
+    index = bisect.bisect_right(starts, start_s + 1e-9) - 1
+    return mixes[starts[max(index, 0)]]
+
+
+def _sharegpt_lengths(path: Path, lengths: LengthChoice) -> Path:
+    """The ShareGPT-style stats file to draw from: given, beside the folder, or bundled."""
+    if isinstance(lengths, Path):
+        if not lengths.is_file():
+            raise TraceError(lengths, line=0, column=None,
+                             message="no such token-length file (give a ShareGPT stats CSV "
+                             "or a trace with lengths)")
+        return lengths
+    found = default_lengths_path(path)
+    if found is None:
+        raise TraceError(path, line=0, column=None,
+                         message="no token-length source found: no chunk-*-dataset.json "
+                         "beside the trace files and no ShareGPT stats; pass --lengths")
+    return found
 
 
 def load_servegen(
@@ -362,35 +540,79 @@ def load_servegen(
     *,
     rate_scale: float = 1.0,
     seed: int = 0,
-    lengths: Path | None = None,
+    lengths: LengthChoice = "auto",
+    start_s: float | None = None,
     max_duration_s: float | None = None,
 ) -> Trace:
     """Per-request arrivals drawn from ServeGen aggregate windows (one file per client).
 
-    Token lengths are drawn with replacement from `lengths` (default: the ShareGPT
-    stats beside the folder). `max_duration_s` keeps only the first windows, e.g. 3600
-    for the first hour of the 14 days.
+    Token lengths: each client's `chunk-N-dataset.json` when present ("auto") or required
+    ("dataset"); otherwise drawn with replacement from a ShareGPT stats file (`lengths`,
+    or the one beside the folder). `length_source` on the result says which was used.
+    `start_s`/`max_duration_s` keep the windows of [start, start + duration) only, e.g.
+    start 36000 and duration 3600 for 10:00 to 11:00 of day 0; without `start_s` times
+    are re-based to the first arrival, with it to the slice start.
     """
     rng = np.random.default_rng(seed)
+    # Lengths from dataset.json use their own stream, so adding a dataset to a folder
+    # does not change the arrival times drawn for the same seed.
+    length_rng = np.random.default_rng([seed, 1])
+    begin = start_s or 0.0
+    end = begin + max_duration_s if max_duration_s is not None else math.inf
+    files = servegen_files(path)
+    with_dataset = ([] if isinstance(lengths, Path)
+                    else [f for f in files if dataset_path(f).is_file()])
+    if lengths == "dataset" and len(with_dataset) < len(files):
+        missing = next(f for f in files if f not in with_dataset)
+        raise TraceError(dataset_path(missing), line=0, column=None,
+                         message="--lengths dataset: no such file (ServeGen publishes "
+                         "chunk-N-dataset.json beside chunk-N-trace.csv)")
     times: list[FloatArray] = []
-    for file in servegen_files(path):
+    drawn_in: list[IntArray] = []
+    drawn_out: list[IntArray] = []
+    for file in files:
+        mixes = load_dataset(dataset_path(file)) if file in with_dataset else None
         for window in iter_servegen_windows(file):
-            if max_duration_s is not None and window.start_s >= max_duration_s:
+            if window.start_s >= end:
                 break
+            if window.start_s + SERVEGEN_WINDOW_S <= begin:
+                continue
             drawn = _draw_window(window, rate_scale=rate_scale, window_s=SERVEGEN_WINDOW_S,
                                  rng=rng)
-            if drawn.size:
-                times.append(drawn)
-    arrival = np.sort(np.concatenate(times)) if times else np.zeros(0)
-    lengths_path = lengths or default_lengths_path(path)
-    if lengths_path is None:
-        raise TraceError(path, line=0, column=None,
-                         message="no token-length source found; pass a ShareGPT stats CSV")
-    inputs, outputs = load_lengths(lengths_path)
-    pick = rng.integers(0, inputs.size, arrival.size)
-    base = float(arrival[0]) if arrival.size else 0.0
-    return Trace(str(path), arrival - base, inputs[pick], np.maximum(outputs[pick], 1),
-                 rate_scale=rate_scale)
+            drawn = drawn[(drawn >= begin) & (drawn < end)]
+            if not drawn.size:
+                continue
+            times.append(drawn)
+            if mixes is None:
+                # -1 marks "draw from ShareGPT below".
+                drawn_in.append(np.full(drawn.size, -1, dtype=np.int64))
+                drawn_out.append(np.full(drawn.size, -1, dtype=np.int64))
+            else:
+                prompt, output = _mix_at(mixes, window.start_s).draw(drawn.size, length_rng)
+                drawn_in.append(prompt)
+                drawn_out.append(output)
+    arrival = np.concatenate(times) if times else np.zeros(0)
+    order = np.argsort(arrival, kind="stable")
+    arrival = arrival[order]
+    inputs = np.concatenate(drawn_in)[order] if times else np.zeros(0, dtype=np.int64)
+    outputs = np.concatenate(drawn_out)[order] if times else np.zeros(0, dtype=np.int64)
+    source = f"dataset.json of {len(with_dataset)} of {len(files)} clients"
+    share = inputs < 0
+    if share.any() or not with_dataset:
+        stats = _sharegpt_lengths(path, lengths)
+        pool_in, pool_out = load_lengths(stats)
+        pick = rng.integers(0, pool_in.size, int(share.sum()))
+        inputs[share], outputs[share] = pool_in[pick], pool_out[pick]
+        if with_dataset:
+            source = f"{source}, ShareGPT stats {stats} for the rest"
+        elif isinstance(lengths, Path):
+            source = f"{stats} (--lengths)"
+        else:
+            source = f"ShareGPT stats {stats} (no dataset.json beside the trace files)"
+    base = begin if start_s is not None else (float(arrival[0]) if arrival.size else 0.0)
+    return Trace(str(path), arrival - base, inputs, np.maximum(outputs, 1),
+                 rate_scale=rate_scale, start_s=begin if start_s is not None else 0.0,
+                 length_source=f"token lengths: {source}")
 
 
 def sniff(path: Path) -> TraceFormat:
@@ -426,20 +648,28 @@ def load_trace(
     *,
     rate_scale: float = 1.0,
     seed: int = 0,
-    lengths: Path | None = None,
+    lengths: LengthChoice = "auto",
+    start_s: float | None = None,
     max_duration_s: float | None = None,
 ) -> Trace:
-    """Load any supported trace, keep its first `max_duration_s` seconds if given, and
-    apply the rate scale (see `scale_rate`)."""
+    """Load any supported trace, cut the slice [start_s, start_s + max_duration_s) of its
+    clock if given (times re-based to the slice start), and apply the rate scale (see
+    `scale_rate`). `lengths` applies to ServeGen only (see `load_servegen`).
+
+    The clock is the trace's own: seconds from the first request for per-request traces,
+    from window 0 for ServeGen. Example: `start_s=1800, max_duration_s=600` keeps the
+    requests of minutes 30 to 40 and puts the one at 1,805 s at 5 s.
+    """
     path = Path(path)
     if not path.exists():
         raise TraceError(path, line=0, column=None, message="no such file or folder")
+    if start_s is not None and (start_s < 0 or not math.isfinite(start_s)):
+        raise ValueError(f"slice start must be a non-negative number of seconds, got {start_s}")
     if fmt == "auto":
         fmt = sniff(path)
     if fmt == "servegen":
-        trace = load_servegen(path, rate_scale=rate_scale, seed=seed, lengths=lengths,
-                              max_duration_s=max_duration_s)
-        return _truncate(trace, max_duration_s)
+        return load_servegen(path, rate_scale=rate_scale, seed=seed, lengths=lengths,
+                             start_s=start_s, max_duration_s=max_duration_s)
     rows = {"azure": iter_azure, "mooncake": iter_mooncake, "csv": iter_plain_csv}[fmt](path)
     stamps: list[float] = []
     inputs: list[int] = []
@@ -455,16 +685,19 @@ def load_trace(
     start = float(arrival[order[0]])
     trace = Trace(str(path), arrival[order] - start, np.asarray(inputs, dtype=np.int64)[order],
                   np.asarray(outputs, dtype=np.int64)[order], start_s=start)
-    return scale_rate(_truncate(trace, max_duration_s), rate_scale, seed=seed)
+    return scale_rate(cut(trace, start_s=start_s, duration_s=max_duration_s), rate_scale,
+                      seed=seed)
 
 
-def _truncate(trace: Trace, max_duration_s: float | None) -> Trace:
-    """The requests arriving before `max_duration_s` (None keeps all)."""
-    if max_duration_s is None:
-        return trace
-    keep = trace.arrival_s < max_duration_s
-    return Trace(trace.path, trace.arrival_s[keep], trace.input_tokens[keep],
-                 trace.output_tokens[keep], rate_scale=trace.rate_scale, start_s=trace.start_s)
+def cut(trace: Trace, *, start_s: float | None, duration_s: float | None) -> Trace:
+    """The requests arriving in [start_s, start_s + duration_s) (None: from 0, to the end),
+    re-based to the slice start: `start_s` moves by the cut so wall clocks stay right."""
+    begin = start_s or 0.0
+    end = begin + duration_s if duration_s is not None else math.inf
+    keep = (trace.arrival_s >= begin) & (trace.arrival_s < end)
+    return dataclasses.replace(
+        trace, arrival_s=trace.arrival_s[keep] - begin, input_tokens=trace.input_tokens[keep],
+        output_tokens=trace.output_tokens[keep], start_s=trace.start_s + begin)
 
 
 def scale_rate(trace: Trace, factor: float, *, seed: int = 0) -> Trace:
@@ -505,4 +738,5 @@ def scale_rate(trace: Trace, factor: float, *, seed: int = 0) -> Trace:
         np.concatenate([p[2] for p in parts])[order],
         rate_scale=trace.rate_scale * factor,
         start_s=trace.start_s,
+        length_source=trace.length_source,
     )

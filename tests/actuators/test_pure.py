@@ -7,7 +7,6 @@ from typing import Any
 import pytest
 
 from scaler.actuators import resources, selectors, timeline
-from scaler.actuators import settings as kube_settings
 from scaler.engine import types
 from scaler.testing.kube_emulator import patch
 
@@ -54,14 +53,6 @@ def test_field_selectors() -> None:
 )
 def test_plural_of(kind: str, plural: str) -> None:
     assert resources.plural_of(kind) == plural
-
-
-def test_backoff_doubles_within_jitter_and_caps() -> None:
-    retry = kube_settings.RetrySettings(base_delay_s=0.2, max_delay_s=1.0, jitter_ratio=0.2)
-    assert [retry.backoff(n, 0.5) for n in (1, 2, 3, 4, 5)] == pytest.approx(
-        [0.2, 0.4, 0.8, 1.0, 1.0])
-    assert retry.backoff(1, 0.0) == pytest.approx(0.16)
-    assert retry.backoff(1, 0.999999) == pytest.approx(0.24, abs=1e-6)
 
 
 def _pod(**status: Any) -> dict[str, Any]:

@@ -2,26 +2,35 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import ssl
+import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import helm_python as helm
 import kubernetes_validate
+import pydantic
 import pytest
 import yaml
 
+from scaler import cli
 from scaler.actuators import rbac
 from scaler.policy import loader
+from scaler.service import settings as service_settings
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "scaler"
 KUBE_VERSIONS = ["1.30.0", "1.37.0"]
+NAMESPACE = "scaler-system"
+CERT_MANAGER = "cert-manager.io/v1"  # CRDs: no schema in kubernetes-validate
 
 
 def render(values: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
     chart = helm.Chart.load(str(CHART))
-    rendered = chart.render(values or {}, name="scaler", namespace="scaler-system",
-                            is_install=True)
+    rendered = chart.render(values or {}, name="scaler", namespace=NAMESPACE, is_install=True)
     out: dict[str, list[dict[str, Any]]] = {}
     for path, text in rendered.items():
         if path.endswith(".txt"):
@@ -38,12 +47,36 @@ def example_policies() -> dict[str, str]:
     return {p.name: p.read_text() for p in sorted((REPO / "config").glob("*.yaml"))}
 
 
+def settings_of(rendered: dict[str, list[dict[str, Any]]], tmp_path: Path,
+                environ: dict[str, str] | None = None) -> service_settings.Settings:
+    """The service's settings as the pod loads them from the rendered ConfigMap."""
+    text = next(o for o in rendered["configmap.yaml"]
+                if o["metadata"]["name"].endswith("-settings"))["data"]["settings.yaml"]
+    path = tmp_path / "settings.yaml"
+    path.write_text(text)
+    return service_settings.load_settings(path, environ=environ or {})
+
+
+def pod_spec(rendered: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    (deployment,) = rendered["deployment.yaml"]
+    spec: dict[str, Any] = deployment["spec"]["template"]["spec"]
+    return spec
+
+
 FULL = {
     "policies": example_policies(),
+    "watchNamespaces": ["inference", "batch"],
+    "placeholder": {"enabled": True},
     "rbac": {"clusterApi": True, "extraScaleTargets": [
         {"apiGroup": "example.com", "resources": ["llamas"]}]},
     "externalMetricsApi": {"tlsSecret": "scaler-tls", "caBundle": "Q0E="},
+    "networkPolicy": {"metricsApi": {"from": [{"ipBlock": {"cidr": "10.0.0.0/24"}}]},
+                      "egress": {"enabled": True, "rules": [
+                          {"to": [{"ipBlock": {"cidr": "10.0.0.0/24"}}],
+                           "ports": [{"port": 443, "protocol": "TCP"}]}]}},
 }
+CERT_MANAGER_MODE = {"externalMetricsApi": {"certManager": {"enabled": True}}}
+CLUSTER_WIDE = {"rbac": {"clusterWide": True}}
 
 
 def test_lint_is_clean() -> None:
@@ -52,15 +85,18 @@ def test_lint_is_clean() -> None:
     assert [m for m in report["messages"] if m["severity"] >= 2] == [], report
 
 
-@pytest.mark.parametrize("values", [{}, FULL], ids=["defaults", "full"])
+@pytest.mark.parametrize("values", [{}, FULL, CERT_MANAGER_MODE, CLUSTER_WIDE],
+                         ids=["defaults", "full", "cert-manager", "cluster-wide"])
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
 def test_every_manifest_matches_the_kubernetes_schema(values: dict[str, Any],
                                                       kube_version: str) -> None:
     objects = all_objects(render(values))
     kinds = {o["kind"] for o in objects}
-    assert {"Deployment", "ConfigMap", "ClusterRole", "Role", "Service",
-            "APIService", "PriorityClass", "PodDisruptionBudget"} <= kinds
+    assert {"Deployment", "ConfigMap", "ClusterRole", "Role", "Service", "NetworkPolicy",
+            "APIService", "PodDisruptionBudget"} <= kinds
     for obj in objects:
+        if obj["apiVersion"] == CERT_MANAGER:
+            continue  # checked field by field in test_cert_manager_issues_the_certificate
         kubernetes_validate.validate(obj, kube_version, strict=True)
 
 
@@ -75,47 +111,268 @@ def test_policies_in_the_configmap_load_without_errors(tmp_path: Path) -> None:
     assert len(result.policies) == len(example_policies())
 
 
-def _grants(objects: list[dict[str, Any]]) -> set[tuple[str, str, str, str]]:
-    """(namespace or '*', group, resource, verb) for every rule of every Role/ClusterRole."""
-    out = set()
+# -- RBAC: exactly what `scaler kube rbac` prints for the rendered settings ---------------
+
+RBAC_KINDS = ("ServiceAccount", "Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")
+
+
+def _without_labels(objects: list[dict[str, Any]]) -> list[str]:
+    out = []
     for obj in objects:
-        if obj["kind"] not in ("Role", "ClusterRole"):
-            continue
-        scope = obj["metadata"].get("namespace", "RELEASE") if obj["kind"] == "Role" else "*"
-        for rule in obj["rules"]:
-            for group in rule["apiGroups"]:
-                for resource in rule["resources"]:
-                    for verb in rule["verbs"]:
-                        out.add((scope, group, resource, verb))
-    return out
+        obj = json.loads(json.dumps(obj))
+        obj["metadata"].pop("labels", None)
+        out.append(json.dumps(obj, sort_keys=True))
+    return sorted(out)
 
 
-def test_rbac_is_exactly_what_the_code_uses() -> None:
-    """The chart grants what scaler.actuators.rbac documents (whose own test records every
-    request the adapters make), plus the aggregated API server's usual grants."""
+@pytest.mark.parametrize("values", [
+    {}, FULL, CLUSTER_WIDE, {"externalMetricsApi": {"register": False}},
+    {"settings": {"kube": {"lease": {"enabled": False}}}, "watchNamespaces": ["a"]},
+], ids=["defaults", "full", "cluster-wide", "unregistered", "no-lease"])
+def test_rbac_is_exactly_what_scaler_kube_rbac_prints(
+        values: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The chart's RBAC objects equal what `scaler kube rbac --settings` prints for the
+    settings file the chart renders (and that printer's own test records every request
+    the adapters make against the emulator)."""
+    rendered = render(values)
+    chart = [o for o in all_objects(rendered) if o["kind"] in RBAC_KINDS]
+    settings = settings_of(rendered, tmp_path)
+    chart_rbac = values.get("rbac", {})
+    argv = ["kube", "rbac", "--settings", str(tmp_path / "settings.yaml"),
+            "--namespace", NAMESPACE]
+    argv += ["--clusterapi"] if chart_rbac.get("clusterApi") else []
+    argv += ["--no-metrics-api"] if values.get("externalMetricsApi", {}).get(
+        "register") is False else []
+    for target in chart_rbac.get("extraScaleTargets", []):
+        argv += [arg for r in target["resources"]
+                 for arg in ("--scale-target", f"{target['apiGroup']}/{r}")]
+    capsys.readouterr()
+    assert cli.main(argv) == 0
+    printed = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    assert _without_labels(chart) == _without_labels(printed)
+    subject = {"kind": "ServiceAccount", "name": "scaler", "namespace": NAMESPACE}
+    granted = rbac.grants(chart, subject)
+    assert not any(verb == "*" for *_, verb in granted)
+    wide = {resource for where, _, resource, _ in granted if where == "*"}
+    assert wide == ({"nodes"} | ({"pods", "events", "deployments/scale", "statefulsets/scale",
+                                  "leaderworkersets/scale", "horizontalpodautoscalers",
+                                  "scaledobjects"} if settings.kube.cluster_wide else set()))
+    creates = {where for where, group, resource, verb in granted
+               if (group, resource, verb) == ("apps", "deployments", "create")}
+    assert creates == ({NAMESPACE} if settings.kube.placeholder.enabled else set())
+
+
+def test_namespaces_are_the_release_namespace_unless_listed(tmp_path: Path) -> None:
+    assert settings_of(render(), tmp_path).kube.watch_namespaces == (NAMESPACE,)
+    listed = settings_of(render(FULL), tmp_path).kube
+    assert listed.watch_namespaces == ("inference", "batch") and not listed.cluster_wide
+    wide = settings_of(render(CLUSTER_WIDE), tmp_path).kube
+    assert wide.watch_namespaces == () and wide.cluster_wide
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"settings": {"kube": {"watch_namespaces": ["x"]}}}, "set watchNamespaces instead"),
+    ({"settings": {"kube": {"placeholder": {"enabled": True}}}}, "set placeholder.enabled"),
+    ({"watchNamespaces": ["a"], "rbac": {"clusterWide": True}}, "exclude each other"),
+    ({"externalMetricsApi": {"tlsSecret": "mine"}}, "needs externalMetricsApi.caBundle"),
+    ({"secrets": {"env": {"http.port": {"secretName": "s", "key": "k"}}}},
+     "not a secret setting"),
+    ({"secrets": {"files": {"audit.path": {"secretName": "s", "key": "k"}}}},
+     "not a file setting"),
+    ({"settings": {"http": {"push_token": "t"}},
+      "secrets": {"env": {"http.push_token": {"secretName": "s", "key": "k"}}}}, "give one"),
+], ids=["watch-namespaces", "placeholder", "both-scopes", "tls-without-ca", "env-unknown",
+        "file-unknown", "inline-and-secret"])
+def test_bad_values_fail_with_what_to_set(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm.HelmError, match=message):
+        render(values)
+
+
+# -- secrets never in a ConfigMap -----------------------------------------------------------
+
+def _secret_settings(group: type[pydantic.BaseModel], prefix: str = "") -> Iterator[str]:
+    """Dotted names of every SecretStr setting, found in the Settings model itself."""
+    for name, field in group.model_fields.items():
+        types = (field.annotation, *typing.get_args(field.annotation))
+        if pydantic.SecretStr in types:
+            yield f"{prefix}{name}"
+        for each in types:
+            if isinstance(each, type) and issubclass(each, pydantic.BaseModel):
+                yield from _secret_settings(each, f"{prefix}{name}.")
+
+
+SECRET_SETTINGS = sorted(_secret_settings(service_settings.Settings))
+FILE_SETTINGS = ["nats.creds_file", "nats.nkey_seed_file", "nats.tls.ca_file",
+                 "nats.tls.cert_file", "nats.tls.key_file"]
+
+
+def _env_name(setting: str) -> str:
+    return "SCALER_" + setting.upper().replace(".", "__")
+
+
+def test_inline_secret_settings_go_to_a_secret_only(tmp_path: Path) -> None:
+    assert len(SECRET_SETTINGS) >= 5  # push token, NATS password and token, Prometheus x2
+    # NATS allows one auth method: the password and the token go in two renders.
+    for chosen in ([s for s in SECRET_SETTINGS if s != "nats.token"], ["nats.token"]):
+        plain = {s: f"plain-{s.replace('.', '-')}-0123456789" for s in chosen}
+        settings: dict[str, dict[str, str]] = {}
+        for setting, value in plain.items():
+            group, field = setting.split(".")
+            settings.setdefault(group, {})[field] = value
+        if "nats.password" in plain:
+            settings["nats"]["user"] = "scaler"
+        if "prometheus.basic_auth_password" in plain:
+            settings["prometheus"]["basic_auth_user"] = "scaler"
+        rendered = render({"settings": settings})
+        for obj in all_objects(rendered):
+            text = json.dumps(obj)
+            if obj["kind"] != "Secret":
+                assert not [v for v in plain.values() if v in text], obj["metadata"]["name"]
+        (secret,) = [o for o in rendered["secret.yaml"]]
+        stored = {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
+        assert stored == {_env_name(s): v for s, v in plain.items()}
+        env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in pod_spec(rendered)[
+            "containers"][0]["env"]}
+        assert env == {_env_name(s): {"name": "scaler-secrets", "key": _env_name(s)}
+                       for s in plain}
+        # The pod then has them: the settings file plus the variables the Secret gives.
+        loaded = settings_of(rendered, tmp_path, environ=stored)
+        for setting, value in plain.items():
+            group, field = setting.split(".")
+            assert getattr(getattr(loaded, group), field).get_secret_value() == value
+
+
+def test_every_secret_from_existing_secrets_as_env_and_files(tmp_path: Path) -> None:
+    env_settings = [s for s in SECRET_SETTINGS if s != "nats.token"] + [
+        "nats.user", "prometheus.basic_auth_user"]
+    values: dict[str, Any] = {"secrets": {
+        "env": {s: {"secretName": f"src-{s.split('.')[0]}", "key": s} for s in env_settings},
+        "envFrom": [{"secretRef": {"name": "scaler-env"}}],
+        "files": {s: {"secretName": "nats-material", "key": s.split(".")[-1]}
+                  for s in FILE_SETTINGS if s != "nats.nkey_seed_file"}}}
+    rendered = render(values)
+    container = pod_spec(rendered)["containers"][0]
+    assert {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]} == {
+        _env_name(s): {"name": f"src-{s.split('.')[0]}", "key": s} for s in env_settings}
+    assert container["envFrom"] == [{"secretRef": {"name": "scaler-env"}}]
+    assert "secret.yaml" not in rendered or rendered["secret.yaml"] == []
+    # Files: each key mounted read-only, and the setting names that file.
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod_spec(rendered)["volumes"]}
+    loaded = settings_of(rendered, tmp_path)
+    for setting in values["secrets"]["files"]:
+        label = setting.replace(".", "-").replace("_", "-")
+        key = setting.split(".")[-1]
+        assert volumes[f"secret-{label}"]["secret"] == {
+            "secretName": "nats-material", "items": [{"key": key, "path": key}]}
+        mount = mounts[f"secret-{label}"]
+        assert mount["readOnly"] is True
+        node: Any = loaded
+        for part in setting.split("."):
+            node = getattr(node, part)
+        assert node == Path(mount["mountPath"]) / key
+    seed = render({"secrets": {"files": {"nats.nkey_seed_file": {
+        "secretName": "seed", "key": "seed.nk"}}}})
+    assert settings_of(seed, tmp_path).nats.nkey_seed_file == Path(
+        "/etc/scaler/secrets/nats-nkey-seed-file/seed.nk")
+
+
+def test_nats_token_from_a_secret_is_accepted() -> None:
+    rendered = render({"secrets": {"env": {"nats.token": {"secretName": "t", "key": "k"}}}})
+    assert pod_spec(rendered)["containers"][0]["env"] == [
+        {"name": "SCALER_NATS__TOKEN", "valueFrom": {"secretKeyRef": {"name": "t", "key": "k"}}}]
+
+
+# -- the metrics API's serving certificate ---------------------------------------------------
+
+def _handshake(server: ssl.SSLContext, client: ssl.SSLContext, hostname: str) -> None:
+    """A TLS handshake between two in-memory ends (no socket): raises if the client does
+    not accept the server's certificate for `hostname`."""
+    to_server, to_client = ssl.MemoryBIO(), ssl.MemoryBIO()
+    server_end = server.wrap_bio(to_server, to_client, server_side=True)
+    client_end = client.wrap_bio(to_client, to_server, server_hostname=hostname)
+    done = {"server": False, "client": False}
+    for _ in range(10):
+        for name, end in (("client", client_end), ("server", server_end)):
+            if done[name]:
+                continue
+            try:
+                end.do_handshake()
+                done[name] = True
+            except ssl.SSLWantReadError:
+                pass
+        if all(done.values()):
+            return
+    raise AssertionError("handshake did not finish")
+
+
+def test_generated_certificate_is_verified_by_the_aggregator(tmp_path: Path) -> None:
+    rendered = render()
+    secret, api_service = rendered["apiservice.yaml"]
+    assert secret["kind"] == "Secret" and secret["type"] == "kubernetes.io/tls"
+    spec = api_service["spec"]
+    assert "insecureSkipTLSVerify" not in spec
+    assert spec["caBundle"] == secret["data"]["ca.crt"]
+    files = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    # The pod mounts that Secret and the service serves it.
+    assert {"name": "tls", "secret": {"secretName": secret["metadata"]["name"]}} in pod_spec(
+        rendered)["volumes"]
+    loaded = settings_of(rendered, tmp_path)
+    assert loaded.metrics_api.cert_file == Path("/etc/scaler/tls/tls.crt")
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+    aggregator = ssl.create_default_context(cadata=files["ca.crt"])
+    _handshake(server, aggregator, f"scaler.{NAMESPACE}.svc")  # how the aggregator dials it
+    with pytest.raises(ssl.SSLCertVerificationError):
+        _handshake(server, aggregator, "kubernetes.default.svc")
+    with pytest.raises(ssl.SSLCertVerificationError):
+        _handshake(server, ssl.create_default_context(), f"scaler.{NAMESPACE}.svc")
+    # The private key is in that Secret and nowhere else.
+    key_line = files["tls.key"].splitlines()[1]
+    assert [o["metadata"]["name"] for o in all_objects(rendered)
+            if key_line in json.dumps(o) or secret["data"]["tls.key"] in json.dumps(o)] == [
+        secret["metadata"]["name"]]
+
+
+def test_cert_manager_issues_the_certificate(tmp_path: Path) -> None:
+    rendered = render(CERT_MANAGER_MODE)
+    (api_service,) = rendered["apiservice.yaml"]
+    assert "caBundle" not in api_service["spec"]
+    assert "insecureSkipTLSVerify" not in api_service["spec"]
+    injected = api_service["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in rendered["certmanager.yaml"]}
+    certificate = objects[("Certificate", injected.split("/")[1])]
+    assert injected.split("/")[0] == NAMESPACE
+    assert f"scaler.{NAMESPACE}.svc" in certificate["spec"]["dnsNames"]
+    issuer = certificate["spec"]["issuerRef"]
+    ca_issuer = objects[(issuer["kind"], issuer["name"])]
+    ca_certificate = objects[("Certificate", "scaler-metrics-api-ca")]
+    assert ca_issuer["spec"]["ca"]["secretName"] == ca_certificate["spec"]["secretName"]
+    assert ca_certificate["spec"]["isCA"] is True
+    assert {"name": "tls", "secret": {"secretName": certificate["spec"]["secretName"]}} in (
+        pod_spec(rendered)["volumes"])
+    assert settings_of(rendered, tmp_path).metrics_api.key_file == Path("/etc/scaler/tls/tls.key")
+    own = render({"externalMetricsApi": {"certManager": {
+        "enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}})
+    assert [(o["kind"], o["spec"]["issuerRef"]) for o in own["certmanager.yaml"]] == [
+        ("Certificate", {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"})]
+
+
+def test_skipping_verification_is_development_only(tmp_path: Path) -> None:
+    rendered = render({"externalMetricsApi": {"insecureSkipTLSVerify": True}})
+    (api_service,) = rendered["apiservice.yaml"]
+    assert api_service["spec"]["insecureSkipTLSVerify"] is True
+    assert "tls" not in {v["name"] for v in pod_spec(rendered)["volumes"]}
+    assert settings_of(rendered, tmp_path).metrics_api.cert_file is None
+
+
+def test_own_tls_secret_is_mounted_and_named_in_settings(tmp_path: Path) -> None:
     rendered = render(FULL)
-    chart = _grants(rendered["rbac.yaml"])
-    code = _grants(rbac.manifests(name="scaler", lease_namespace="RELEASE",
-                                  placeholder_namespace="RELEASE",
-                                  clusterapi_namespace="default"))
-    extras = {("*", "external.metrics.k8s.io", "*", "get"),
-              ("*", "external.metrics.k8s.io", "*", "list"),
-              ("*", "example.com", "llamas/scale", "get"),
-              ("*", "example.com", "llamas/scale", "patch")}
-    assert chart - extras == code
-    assert extras <= chart
-    assert not any(verb == "*" for *_, verb in chart)
-
-
-def test_tls_secret_is_mounted_and_named_in_settings() -> None:
-    rendered = render(FULL)
-    (deployment,) = rendered["deployment.yaml"]
-    pod = deployment["spec"]["template"]["spec"]
-    assert {"name": "tls", "secret": {"secretName": "scaler-tls"}} in pod["volumes"]
-    settings = yaml.safe_load(next(
-        o for o in rendered["configmap.yaml"] if o["metadata"]["name"].endswith("-settings")
-    )["data"]["settings.yaml"])
-    assert settings["metrics_api"]["cert_file"] == "/etc/scaler/tls/tls.crt"
+    assert {"name": "tls", "secret": {"secretName": "scaler-tls"}} in pod_spec(rendered)["volumes"]
+    assert settings_of(rendered, tmp_path).metrics_api.cert_file == Path(
+        "/etc/scaler/tls/tls.crt")
     (api_service,) = rendered["apiservice.yaml"]
     assert api_service["spec"]["caBundle"] == "Q0E=" and "insecureSkipTLSVerify" not in (
         api_service["spec"])
@@ -123,29 +380,51 @@ def test_tls_secret_is_mounted_and_named_in_settings() -> None:
 
 def test_registration_can_be_left_to_another_provider() -> None:
     rendered = render({"externalMetricsApi": {"register": False}})
-    assert rendered.get("apiservice.yaml", []) == []
+    assert [o["kind"] for o in rendered["apiservice.yaml"]] == ["Secret"]  # still serves TLS
     names = [o["metadata"]["name"] for o in rendered["rbac.yaml"]]
     assert not any("auth-delegator" in n for n in names)
 
 
+# -- network exposure ------------------------------------------------------------------------
+
+def test_network_policy_admits_scrapers_publishers_and_the_aggregator() -> None:
+    (default,) = render()["networkpolicy.yaml"]
+    spec = default["spec"]
+    assert spec["policyTypes"] == ["Ingress"]  # egress open unless asked
+    http, metrics_api = spec["ingress"]
+    assert http["ports"] == [{"port": "http", "protocol": "TCP"}]
+    labels = [peer["podSelector"]["matchLabels"] for peer in http["from"]]
+    assert labels == [{"app.kubernetes.io/name": "prometheus"}, {"scaler.io/publisher": "true"}]
+    assert metrics_api == {"ports": [{"port": "metrics-api", "protocol": "TCP"}]}
+
+    (full,) = render(FULL)["networkpolicy.yaml"]
+    assert full["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert full["spec"]["ingress"][1]["from"] == [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+    dns, api_server = full["spec"]["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53}
+    assert api_server["to"] == [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+
+    closed = render({"networkPolicy": {"scrapers": [], "publishers": []}})["networkpolicy.yaml"]
+    assert [rule["ports"][0]["port"] for rule in closed[0]["spec"]["ingress"]] == [
+        "metrics-api"]
+    assert render({"networkPolicy": {"enabled": False}}).get("networkpolicy.yaml", []) == []
+
+
+# -- shipped defaults ------------------------------------------------------------------------
+
 def test_rendered_settings_load_into_the_service_settings(tmp_path: Path) -> None:
     """The shipped values.yaml must parse into the code's Settings (Knative's config/testdata
     idea): a renamed or mistyped key fails here, not in a cluster."""
-    from scaler.service import settings as service_settings
-
-    for values in ({}, FULL, {"settings": {"kube": {"dry_run": True}}}):
-        rendered = render(values)
-        text = next(o for o in rendered["configmap.yaml"]
-                    if o["metadata"]["name"].endswith("-settings"))["data"]["settings.yaml"]
-        path = tmp_path / "settings.yaml"
-        path.write_text(text)
-        loaded = service_settings.load_settings(path, environ={})
-        assert loaded.kube.lease.namespace == "scaler-system"
+    for values in ({}, FULL, CERT_MANAGER_MODE, CLUSTER_WIDE,
+                   {"settings": {"kube": {"dry_run": True}}}):
+        loaded = settings_of(render(values), tmp_path)
+        assert loaded.kube.lease.namespace == NAMESPACE
         assert loaded.kube.lease.name == "scaler-leader"
         assert loaded.kube.placeholder.priority_class == "scaler-placeholder"
+        assert loaded.kube.placeholder.namespace == NAMESPACE
         assert [str(p) for p in loaded.policies.paths] == ["/etc/scaler/policies"]
     assert loaded.kube.dry_run is True
     defaults = service_settings.Settings()
-    chart = service_settings.load_settings(path, environ={})
     # Where the chart does not say otherwise, the code's defaults stand.
-    assert chart.engine == defaults.engine and chart.audit == defaults.audit
+    assert loaded.engine == defaults.engine and loaded.audit == defaults.audit
+    assert loaded.kube.placeholder.enabled is False

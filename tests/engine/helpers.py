@@ -40,14 +40,19 @@ def policy(**spec_overrides: Any) -> model.ScalePolicy:
     return model.ScalePolicy.model_validate(doc)
 
 
+def value(v: float, *, age: float = 0.0, stale_after_s: float = 30.0) -> types.SignalValue:
+    """A signal value with its freshness decided as the store does (BASE: 30 s limit)."""
+    return types.SignalValue.assess(v, age_s=age, stale_after_s=stale_after_s)
+
+
 def snap(*, running: float | None = None, waiting: float | None = None,
          tps: float | None = None, p95: float | None = None, age: float = 0.0
          ) -> types.SignalSnapshot:
-    def value(v: float | None) -> types.SignalValue | None:
-        return None if v is None else types.SignalValue(value=v, age_s=age)
+    def given(v: float | None) -> types.SignalValue | None:
+        return None if v is None else value(v, age=age)
 
-    return types.SignalSnapshot(queue_depth=value(waiting), in_flight=value(running),
-                                tokens_per_second=value(tps), p95_latency_s=value(p95))
+    return types.SignalSnapshot(queue_depth=given(waiting), in_flight=given(running),
+                                tokens_per_second=given(tps), p95_latency=given(p95))
 
 
 @dataclass

@@ -7,9 +7,10 @@ import math
 
 import pytest
 
+from scaler.core import histogram as histograms
 from scaler.engine import decide as engine_decide
 from scaler.engine import types
-from tests.engine.helpers import BASE, MONDAY_0600_UTC, Sim, policy, snap
+from tests.engine.helpers import BASE, MONDAY_0600_UTC, Sim, policy, snap, value
 
 BEHAVIOR = BASE["spec"]["behavior"]
 
@@ -26,24 +27,13 @@ def test_float_noise_does_not_add_a_replica() -> None:
     assert sim.step(0, snap(running=0.1 + 0.2, waiting=29.7)) == 3
 
 
-@pytest.mark.parametrize(
-    ("t", "running", "expected"),
-    [
-        (0, 10, 1),
-        (15, 80, 8),   # 0 s up window: the spike is met at once
-        (30, 80, 8),
-        (45, 95, 10),
-    ],
-)
-def test_spike_with_zero_up_window(t: float, running: float, expected: int) -> None:
+def test_spike_with_zero_up_window() -> None:
     sim = Sim(policy())
-    timeline = [(0, 10), (15, 80), (30, 80), (45, 95)]
-    result = 0
-    for step_t, step_running in timeline:
-        result = sim.step(step_t, snap(running=step_running, waiting=0))
-        if step_t == t:
-            break
-    assert (t, running, result) == (t, running, expected)
+    # (t, running, expected replicas): a 0 s up window meets the spike at once.
+    timeline = [(0, 10, 1), (15, 80, 8), (30, 80, 8), (45, 95, 10)]
+    got = [(t, running, sim.step(t, snap(running=running, waiting=0)))
+           for t, running, _ in timeline]
+    assert got == timeline
 
 
 def test_drop_is_held_for_the_down_window() -> None:
@@ -85,9 +75,8 @@ def test_fresh_queue_scales_up_while_concurrency_is_stale() -> None:
     p = policy(signals={"concurrency": {"targetPerReplica": 10},
                         "queueDepth": {"targetWaitingPerReplica": 2}})
     sim = Sim(p, current=2)
-    stale_running = types.SignalValue(value=1, age_s=90)
-    snapshot = types.SignalSnapshot(in_flight=stale_running,
-                                    queue_depth=types.SignalValue(value=20, age_s=0))
+    stale_running = value(1, age=90)
+    snapshot = types.SignalSnapshot(in_flight=stale_running, queue_depth=value(20))
     assert sim.step(0, snapshot) == 10   # 20 waiting / 2 per replica
     assert sim.last is not None and sim.last.winner == "queue_depth"
 
@@ -125,6 +114,46 @@ def test_latency_guard_pushes_up_in_proportion_and_never_down() -> None:
     assert sim.last is not None and sim.last.winner == "p95_latency"
     # Within the SLO the guard has no opinion: concurrency's 2 wins after the window.
     assert sim.step(400, snap(running=20, p95=0.5)) == 2
+
+
+GUARD = policy(signals={"concurrency": {"targetPerReplica": 10},
+                        "p95Latency": {"metric": "ttft", "sloSeconds": 2.0}})
+
+
+def latency(p95: float, *, le: tuple[float, ...] = (), counts: tuple[float, ...] = ()
+            ) -> types.SignalValue:
+    """A p95 value, with the merged histogram it was read from when `le` is given."""
+    merged = histograms.Histogram(le=le, counts=counts) if le else None
+    return types.SignalValue(value=p95, age_s=0.0, fresh=True, histogram=merged)
+
+
+@pytest.mark.parametrize(
+    ("case", "waiting", "p95", "expected"),
+    [
+        # 4 ready, concurrency says 2 (20 running / 10): only the guard can push.
+        ("p95 3 s > SLO 2 s while requests wait: ready x 1.5", 10.0, latency(3.0), 6),
+        ("the push is at most 2 x ready, however far past the SLO", 10.0, latency(75.0), 8),
+        ("nothing waits: the latencies are of a backlog already served", 0.0,
+         latency(75.0), 4),
+        ("3 waiting on 4 ready replicas start at once: no push", 3.0, latency(75.0), 4),
+        ("no queue signal: the guard cannot tell the present, it acts", None,
+         latency(3.0), 6),
+        # vLLM's buckets around a 2 s SLO are (1, 2.5]: 90 % under 1 s, 97 % under 2.5 s.
+        # Interpolation reads p95 = 2.07 s; the buckets cannot confirm a violation.
+        ("a bucket straddling the SLO cannot tell: no push", 10.0,
+         latency(2.07, le=(0.5, 1.0, 2.5, 5.0), counts=(50, 90, 97, 100)), 4),
+        # 80 % under 2.5 s: even the optimistic bound is below 95 %, a certain violation.
+        ("a certain violation from the bucket edges pushes", 10.0,
+         latency(4.0, le=(0.5, 1.0, 2.5, 5.0), counts=(50, 70, 80, 100)), 8),
+    ],
+)
+def test_latency_guard_reads_the_present_and_knows_its_buckets(
+    case: str, waiting: float | None, p95: types.SignalValue, expected: int
+) -> None:
+    sim = Sim(GUARD, current=4)
+    snapshot = types.SignalSnapshot(in_flight=value(20), p95_latency=p95,
+                                    queue_depth=None if waiting is None else value(waiting))
+    assert sim.step(0, snapshot) == expected, case
 
 
 def test_rate_limit_pods_per_period() -> None:
@@ -306,8 +335,8 @@ def test_prompt_tokens_count_as_replica_time() -> None:
                                             "targetUtilization": 0.8}})
     sim = Sim(p, current=1)
     snapshot = types.SignalSnapshot(
-        tokens_per_second=types.SignalValue(2000),
-        prompt_tokens_per_second=types.SignalValue(60000))
+        tokens_per_second=value(2000),
+        prompt_tokens_per_second=value(60000))
     # (2000 / 2400 + 60000 / 25000) / 0.8 = 4.04 -> 5; generated tokens alone say 2.
     assert sim.step(0, snapshot) == 5
     assert sim.last is not None and sim.last.signals[0].recommendation == 5
@@ -317,7 +346,7 @@ def test_configured_prompt_tokens_missing_holds() -> None:
     p = policy(signals={"tokensPerSecond": {"capacityPerReplica": 2400,
                                             "promptCapacityPerReplica": 25000}})
     sim = Sim(p, current=6)
-    generated_only = types.SignalSnapshot(tokens_per_second=types.SignalValue(100))
+    generated_only = types.SignalSnapshot(tokens_per_second=value(100))
     for t in (0, 400, 800):
         assert sim.step(t, generated_only) == 6
     assert sim.last is not None and sim.last.held
@@ -375,9 +404,9 @@ TOKENS_AND_QUEUE = {"tokensPerSecond": {"capacityPerReplica": 6000,
 def load(*, rate: float, waiting: float, prompt: float, generated: float | None = None
          ) -> types.SignalSnapshot:
     return types.SignalSnapshot(
-        arrival_rate=types.SignalValue(rate), queue_depth=types.SignalValue(waiting),
-        tokens_per_second=types.SignalValue(rate * 200 if generated is None else generated),
-        prompt_tokens_per_second=types.SignalValue(prompt))
+        arrival_rate=value(rate), queue_depth=value(waiting),
+        tokens_per_second=value(rate * 200 if generated is None else generated),
+        prompt_tokens_per_second=value(prompt))
 
 
 def test_load_per_request_is_learned_unsaturated_and_used_saturated() -> None:
@@ -427,3 +456,143 @@ def test_backlog_boots_no_node_that_would_arrive_after_it_drained() -> None:
                                         arrival_rate=None),
         cluster=cluster, state=state, now=now)
     assert blind.desired > 8
+
+
+@pytest.mark.parametrize(("headroom", "running", "expected"), [
+    ({}, 20, 2),                                    # none: the load's 2 replicas
+    ({"replicas": 1}, 20, 3),                       # one spare replica
+    ({"fraction": 0.5}, 20, 3),                     # 2 x 1.5
+    ({"fraction": 0.25, "replicas": 1}, 32, 5),     # 3.2 x 1.25 + 1 = 5
+])
+def test_headroom_is_spare_capacity_on_the_capacity_demand(
+    headroom: dict[str, float], running: float, expected: int
+) -> None:
+    sim = Sim(policy(headroom=headroom), current=1)
+    assert sim.step(0, snap(running=running)) == expected
+
+
+def test_headroom_rides_on_capacity_not_on_the_queue_guard() -> None:
+    p = policy(headroom={"replicas": 2},
+               signals={"concurrency": {"targetPerReplica": 100},
+                        "queueDepth": {"targetWaitingPerReplica": 1}})
+    sim = Sim(p, current=1)
+    # concurrency 0.1 -> 1 + 2 spare = 3; the queue's 5 (5 waiting / 1) wins as it is.
+    assert sim.step(0, snap(running=5, waiting=5)) == 5
+    assert sim.last is not None and sim.last.winner == "queue_depth"
+
+
+def test_a_step_is_not_extrapolated_as_a_ramp() -> None:
+    # Demand jumps from 2 to 6 replicas' worth and stays: the line through the window has
+    # a slope, the two levels explain it better, and the flat level after the step has
+    # none, so the look-ahead adds nothing through the time to ready.
+    p = policy(forecast={"enabled": True, "windowSeconds": 120})
+    sim = Sim(p, current=2)
+    for t in range(0, 121, 2):
+        running = 20 if t < 60 else 60
+        sim.step(t, snap(running=running + (t % 3) * 0.5))   # a little noise
+    assert sim.last is not None and sim.last.forecast is not None
+    assert sim.last.forecast.slope_per_s == 0.0
+    assert sim.last.desired == 6   # 60 / 10: the level, not a projection
+    # A steady ramp over the same window keeps its slope.
+    ramp = Sim(p, current=2)
+    for t in range(0, 121, 2):
+        ramp.step(t, snap(running=20 + t / 3 + (t % 3) * 0.5))
+    assert ramp.last is not None and ramp.last.forecast is not None
+    assert ramp.last.forecast.slope_per_s > 0.02
+
+
+def test_the_look_ahead_trusts_less_of_a_trend_that_did_not_come_true() -> None:
+    p = policy(forecast={"enabled": True, "windowSeconds": 120})
+    sim = Sim(p, current=2)
+    # A ramp of 0.05 replicas/s for 120 s: the forecast lifts demand 60 s ahead ...
+    for t in range(0, 121, 2):
+        sim.step(t, snap(running=20 + 0.5 * t))
+    assert sim.last is not None and sim.last.forecast is not None
+    first = sim.last.forecast
+    assert first.horizon_scale == 1.0 and first.demand_at_ready > first.demand_now + 2
+    # ... but demand stops where it was: when the forecast comes due it realized nothing.
+    for t in range(122, 200, 2):
+        sim.step(t, snap(running=80))
+    assert sim.state.horizon_scale == pytest.approx(0.5)
+    # The next ramp is extrapolated with half its slope at first, and regains the trust
+    # as its forecasts come true.
+    lifted = []
+    for t in range(200, 400, 2):
+        sim.step(t, snap(running=80 + 0.5 * (t - 200)))
+        fc = sim.last.forecast
+        if fc is not None and fc.slope_per_s > 0:
+            lifted.append(fc)
+    assert lifted[0].horizon_scale == pytest.approx(0.5)
+    assert lifted[0].demand_at_ready == pytest.approx(
+        lifted[0].demand_now + 0.5 * lifted[0].slope_per_s * lifted[0].time_to_ready_s)
+    assert lifted[-1].horizon_scale > 0.9
+
+
+def test_at_a_step_the_backlog_is_sized_as_load_plus_drain_not_as_load() -> None:
+    p = policy(signals={"concurrency": {"targetPerReplica": 10},
+                        "queueDepth": {"targetWaitingPerReplica": 2}})
+    sim = Sim(p, current=1)
+    # Unsaturated: 10 req/s keep 10 in flight on 1 replica -> 0.1 replicas per req/s.
+    for t in range(0, 40, 2):
+        sim.step(t, types.SignalSnapshot(in_flight=value(10), queue_depth=value(0),
+                                         arrival_rate=value(10)))
+    assert sim.state.replicas_per_request_rate == pytest.approx(0.1)
+    # A step to 44 req/s: 830 wait behind the replica. The queue reads 415 replicas and
+    # concurrency 85; the load is 4.4 and draining 830 in 60 + 60 s takes 0.69 more.
+    step = types.SignalSnapshot(in_flight=value(20), queue_depth=value(830),
+                                arrival_rate=value(44))
+    assert sim.step(40, step) == 6
+    assert sim.last is not None
+    queue = next(s for s in sim.last.signals if s.name == "queue_depth")
+    assert queue.recommendation == 6 and "draining 830 waiting" in queue.detail
+
+
+def test_without_a_reported_arrival_rate_flow_balance_estimates_it() -> None:
+    # Replicas report only what they see: finished requests/s, waiting and running.
+    p = policy(signals={"concurrency": {"targetPerReplica": 10},
+                        "queueDepth": {"targetWaitingPerReplica": 2}})
+    sim = Sim(p, current=1)
+    for t in range(0, 40, 2):   # steady: 10 finish per second, 10 in flight, none waiting
+        sim.step(t, types.SignalSnapshot(in_flight=value(10), queue_depth=value(0),
+                                         completion_rate=value(10)))
+    assert sim.state.replicas_per_request_rate == pytest.approx(0.1)
+    # A step: the replica still finishes 13/s, the queue grows 30/s, so 43 req/s arrive.
+    for t in range(40, 71, 2):
+        waiting = 30.0 * (t - 40)
+        desired = sim.step(t, types.SignalSnapshot(
+            in_flight=value(20), queue_depth=value(waiting), completion_rate=value(13)))
+    assert sim.last is not None
+    load = next(s for s in sim.last.steps if s.name == "load")
+    assert "flow balance" in load.detail and "43 req/s" in load.detail
+    # 43 x 0.1 = 4.3 replicas + draining 900 waiting in 120 s (0.75): 6, where the queue
+    # alone read 450 and concurrency 92.
+    assert desired == 6
+
+
+def _first_drop_after(sim: Sim, *, start: float, high: float, low: float) -> float:
+    """Run high load then low load from `start`; the seconds from the last high reading
+    until the count first falls."""
+    for t in range(int(start), int(start) + 60, 10):
+        sim.step(t, snap(running=high))
+    held = sim.current
+    for t in range(int(start) + 60, int(start) + 700, 5):
+        if sim.step(t, snap(running=low)) < held:
+            return t - (start + 50)
+    return math.inf
+
+
+def test_restart_aware_holding_weighs_a_pod_start_against_idle_time() -> None:
+    hpa = Sim(policy(), current=1)
+    assert _first_drop_after(hpa, start=0, high=80, low=20) == pytest.approx(300, abs=5)
+    aware = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=1)
+    # Nothing learned: hold idle replicas one pod start (30 + 20 + 10 s), then release.
+    assert _first_drop_after(aware, start=0, high=80, low=20) == pytest.approx(60, abs=5)
+    # The load dropped at t=60; it comes back at t=240, 180 s later: from then on drops
+    # are held 1.25 x 180 = 225 s, within the 300 s window.
+    for t in range(120, 240, 5):
+        aware.step(t, snap(running=20))
+    aware.step(240, snap(running=80))
+    assert aware.state.return_gap_s == pytest.approx(180)
+    held = _first_drop_after(aware, start=2000, high=80, low=20)
+    assert held == pytest.approx(225, abs=10)
+    assert held <= 300   # the policy's window stays the longest hold

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from scaler.engine import decide as engine_decide
 from scaler.engine import types
-from tests.engine.helpers import MONDAY_0600_UTC, policy
+from tests.engine.helpers import Sim, policy
 
 value = st.one_of(st.none(), st.floats(min_value=0, max_value=5000, allow_nan=False))
 age = st.floats(min_value=0, max_value=120)
@@ -19,10 +19,11 @@ age = st.floats(min_value=0, max_value=120)
 def snapshots(draw: st.DrawFn) -> types.SignalSnapshot:
     def signal() -> types.SignalValue | None:
         v = draw(value)
-        return None if v is None else types.SignalValue(value=v, age_s=draw(age))
+        return None if v is None else types.SignalValue.assess(v, age_s=draw(age),
+                                                               stale_after_s=30.0)
 
     return types.SignalSnapshot(queue_depth=signal(), in_flight=signal(),
-                                tokens_per_second=signal(), p95_latency_s=signal())
+                                tokens_per_second=signal(), p95_latency=signal())
 
 
 @st.composite
@@ -64,17 +65,14 @@ steps = st.lists(st.tuples(st.floats(min_value=0.5, max_value=90), snapshots()),
 
 def _run(p: Any, start_current: int, timeline: list[tuple[float, types.SignalSnapshot]]
          ) -> list[tuple[float, types.SignalSnapshot, types.Decision]]:
-    """Apply each decision at once; replicas are ready as soon as they exist."""
-    now, current = MONDAY_0600_UTC, start_current
-    state = types.EngineState()
-    out = []
+    """Apply each decision at once (the shared `Sim`); replicas are ready as they exist."""
+    sim = Sim(p, current=start_current)
+    t, out = 0.0, []
     for dt, snapshot in timeline:
-        now += dt
-        cluster = types.ClusterState(current=current, ready=current)
-        decision, state = engine_decide.decide(p, snapshot=snapshot, cluster=cluster,
-                                               state=state, now=now)
-        out.append((now, snapshot, decision))
-        current = decision.desired
+        t += dt
+        sim.step(t, snapshot)
+        assert sim.last is not None
+        out.append((sim.start + t, snapshot, sim.last))
     return out
 
 

@@ -57,13 +57,13 @@ def observation(
     model_name: str = "inference/llama-70b",
 ) -> service_state.Observation:
     def value(v: float | None) -> types.SignalValue | None:
-        return None if v is None else types.SignalValue(value=v, age_s=age_s)
+        return None if v is None else types.SignalValue.assess(v, age_s=age_s, stale_after_s=30.0)
 
     snapshot = types.SignalSnapshot(
         queue_depth=value(queue_depth),
         in_flight=value(in_flight),
         tokens_per_second=value(tokens_per_second),
-        p95_latency_s=value(p95_latency_s),
+        p95_latency=value(p95_latency_s),
         arrival_rate=value(arrival_rate),
     )
     decision = types.Decision(

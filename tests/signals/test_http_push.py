@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from scaler.core import vocabulary
 from scaler.signals import http_push, store
 
 NOW = 1_764_410_000.0
@@ -20,7 +21,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 @dataclass
 class Endpoint:
     url: str
-    endpoint: http_push.HttpPushEndpoint
+    endpoint: http_push.HttpPushSource
     store: store.SignalStore
     session: aiohttp.ClientSession
 
@@ -31,7 +32,7 @@ async def server() -> AsyncIterator[Endpoint]:
     app = web.Application()
     config = http_push.HttpPushConfig(
         token=TOKEN, max_body_bytes=8 * 1024, max_items=5,
-        known=frozenset({"inference/llama-70b", "default/m"}),
+        known={"inference/llama-70b": 30.0, "default/m": 30.0},
     )
     endpoint = http_push.add_routes(app, sink=signal_store, config=config, clock=lambda: NOW)
     runner = web.AppRunner(app)
@@ -60,7 +61,8 @@ async def test_one_object_is_accepted(server: Endpoint) -> None:
                                    headers=AUTH) as response:
         assert response.status == 202
         assert await response.json() == {"accepted": 1, "errors": []}
-    value = server.store.value("inference/llama-70b", "queue_depth", now=NOW, stale_after_s=30)
+    value = server.store.value("inference/llama-70b", vocabulary.Signal.QUEUE_DEPTH, now=NOW,
+                               stale_after_s=30)
     assert value is not None and value.value == 4
 
 

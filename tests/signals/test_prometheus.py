@@ -10,8 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from scaler.core import histogram, vocabulary
 from scaler.policy import model as policy_model
-from scaler.signals import base, prometheus
+from scaler.signals import prometheus
 from scaler.testing import free_port, prometheus_server
 
 from .conftest import ListSink, Start
@@ -55,6 +56,9 @@ class Exporter:
             f"vllm:generation_tokens_total{{{b}}} {50 * t}",
             f"vllm:prompt_tokens_total{{{a}}} {2000 * t}",
             f"vllm:prompt_tokens_total{{{b}}} {1000 * t}",
+            f'vllm:request_success_total{{{a},finished_reason="stop"}} {8 * t}',
+            f'vllm:request_success_total{{{a},finished_reason="length"}} {2 * t}',
+            f"vllm:request_success_total{{{b}}} {5 * t}",
             *_buckets("vllm:time_to_first_token_seconds_bucket", a, TTFT_LE, TTFT_A, t),
             *_buckets("vllm:time_to_first_token_seconds_bucket", b, TTFT_LE, TTFT_B, t),
             *_buckets("vllm:e2e_request_latency_seconds_bucket", a, E2E_LE, E2E_A, t),
@@ -66,9 +70,11 @@ class Exporter:
             f"sglang:num_running_reqs{{{a}}} 9",
             f"sglang:gen_throughput{{{a}}} 321.5",
             f"sglang:prompt_tokens_total{{{a}}} {400 * t}",
+            f"sglang:num_requests_total{{{a}}} {3 * t}",
             *_buckets("sglang:time_to_first_token_seconds_bucket", a, TTFT_LE, TTFT_A, t),
             f"tgi_queue_size{{{a}}} 2",
             f"tgi_batch_current_size{{{a}}} 4",
+            f"tgi_request_success{{{a}}} {2 * t}",
             *_buckets("tgi_request_duration_bucket", a, E2E_LE, E2E_A, t),
             'DCGM_FI_PROF_GR_ENGINE_ACTIVE{namespace="inference",pod="llama-0"} 0.8',
             'DCGM_FI_PROF_GR_ENGINE_ACTIVE{namespace="inference",pod="llama-1"} 0.4',
@@ -173,7 +179,8 @@ def test_vllm_preset_queries() -> None:
         "prompt_tokens_per_second":
             'sum(rate(vllm:prompt_tokens_total{model_name="llama"}[1m]))',
         "kv_cache_usage": 'avg(vllm:kv_cache_usage_perc{model_name="llama"})',
-        "latency.ttft": "histogram_quantile(0.95, sum by (le) "
+        "completion_rate": 'sum(rate(vllm:request_success_total{model_name="llama"}[1m]))',
+        "p95_latency": "histogram_quantile(0.95, sum by (le) "
         '(rate(vllm:time_to_first_token_seconds_bucket{model_name="llama"}[1m])))',
     }
 
@@ -182,17 +189,19 @@ def test_vllm_preset_queries() -> None:
     ("preset", "metric", "signals"),
     [
         ("vllm", "e2e", {"queue_depth", "in_flight", "tokens_per_second",
-                         "prompt_tokens_per_second", "kv_cache_usage", "latency.e2e"}),
+                         "prompt_tokens_per_second", "kv_cache_usage", "p95_latency",
+                         "completion_rate"}),
         ("vllm", "itl", {"queue_depth", "in_flight", "tokens_per_second",
-                         "prompt_tokens_per_second", "kv_cache_usage"}),
+                         "prompt_tokens_per_second", "kv_cache_usage", "completion_rate"}),
         ("sglang", "ttft", {"queue_depth", "in_flight", "tokens_per_second",
-                            "prompt_tokens_per_second", "latency.ttft"}),
-        ("tgi", "e2e", {"queue_depth", "in_flight", "latency.e2e"}),
-        ("tgi", "ttft", {"queue_depth", "in_flight"}),
+                            "prompt_tokens_per_second", "p95_latency", "completion_rate"}),
+        ("tgi", "e2e", {"queue_depth", "in_flight", "p95_latency", "completion_rate"}),
+        ("tgi", "ttft", {"queue_depth", "in_flight", "completion_rate"}),
     ],
 )
 def test_preset_signals(preset: str, metric: str, signals: set[str]) -> None:
-    queries = prometheus.preset_queries(preset, sel="{}", latency_metric=metric)
+    queries = prometheus.preset_queries(preset, sel="{}",
+                                        latency_metric=vocabulary.LatencyMetric(metric))
     assert set(queries) == signals
 
 
@@ -202,7 +211,7 @@ def test_custom_queries_override_and_selector_escapes() -> None:
                metric="e2e")
     )
     assert target is not None
-    assert dict(target.queries) == {"queue_depth": "sum(my_queue)", "latency.e2e": "my_p95"}
+    assert dict(target.queries) == {"queue_depth": "sum(my_queue)", "p95_latency": "my_p95"}
     assert prometheus.selector({"model": 'a"b\\c'}) == '{model="a\\"b\\\\c"}'
 
 
@@ -216,7 +225,7 @@ def test_custom_queries_override_and_selector_escapes() -> None:
         ("queue_depth", [{"metric": {}, "value": [1.0, "0"]}], 0.0),
         ("queue_depth", [{"value": [1.0, "2"]}, {"value": [1.0, "3"]}], 5.0),
         ("queue_depth", [{"value": [1.0, "2"]}, {"value": [1.0, "NaN"]}], 2.0),
-        ("latency.ttft", [{"value": [1.0, "2"]}, {"value": [1.0, "3"]}], 3.0),
+        ("p95_latency", [{"value": [1.0, "2"]}, {"value": [1.0, "3"]}], 3.0),
         ("kv_cache_usage", [{"value": [1.0, "0.2"]}, {"value": [1.0, "0.4"]}], 0.3),
         ("queue_depth", [1.0, "4"], 4.0),  # a scalar result
         ("queue_depth", {"unexpected": True}, None),
@@ -224,7 +233,7 @@ def test_custom_queries_override_and_selector_escapes() -> None:
     ],
 )
 def test_value_of_results(signal: str, result: object, expected: float | None) -> None:
-    value = prometheus.value_of(signal, result)
+    value = prometheus.value_of(vocabulary.Signal(signal), result)
     assert value == (pytest.approx(expected) if expected is not None else None)
 
 
@@ -241,7 +250,7 @@ async def test_vllm_preset_against_prometheus(
         target = prometheus.target_from_policy(policy("vllm"), rate_window=WINDOW)
         signals = await poll(source, target, sink)
     finally:
-        source.close()
+        await source.close()
     assert signals["queue_depth"] == 8.0  # 5 + 3 over two pods
     assert signals["in_flight"] == 16.0
     assert signals["kv_cache_usage"] == pytest.approx(0.6)
@@ -249,13 +258,15 @@ async def test_vllm_preset_against_prometheus(
     assert tokens is not None and tokens == pytest.approx(150.0, rel=0.05)  # 100 + 50 tok/s
     prompt = signals["prompt_tokens_per_second"]
     assert prompt is not None and prompt == pytest.approx(3000.0, rel=0.05)  # 2,000 + 1,000
+    finished = signals["completion_rate"]   # 8 + 2 (two finish reasons) + 5 requests/s
+    assert finished is not None and finished == pytest.approx(15.0, rel=0.05)
     # Prometheus merges the two pods' buckets and interpolates as the store does.
-    merged = base.Histogram(
+    merged = histogram.Histogram(
         le=TTFT_LE, counts=tuple(a + b for a, b in zip(TTFT_A[:-1], TTFT_B[:-1], strict=True))
     )
     expected = merged.quantile(0.95)
     assert expected == pytest.approx(1 + 1.5 * 9.5 / 11)
-    assert signals["latency.ttft"] == pytest.approx(expected, rel=1e-6)
+    assert signals["p95_latency"] == pytest.approx(expected, rel=1e-6)
     assert source.stats.accepted == 1 and not source.stats.errors
 
 
@@ -276,14 +287,16 @@ async def test_e2e_latency_and_other_presets(
             policy("custom", queries={"queue_depth": "vector(0)"}),
             dcgm_selector='{namespace="inference",pod=~"llama-.*"}'), sink)
     finally:
-        source.close()
+        await source.close()
     e2e = 5 + 5 * 1.5 / 2  # rank 9.5 of 10 in (5, 10] holding 2, 1.5 below the rank
-    assert vllm["latency.e2e"] == pytest.approx(e2e, rel=1e-6)
+    assert vllm["p95_latency"] == pytest.approx(e2e, rel=1e-6)
     assert sglang["queue_depth"] == 7.0 and sglang["in_flight"] == 9.0
     assert sglang["tokens_per_second"] == 321.5
+    assert sglang["completion_rate"] == pytest.approx(3.0, rel=0.05)
     # One pod: rank 19 of 20 in (1, 2.5] holding 6, 5 of them below the rank.
-    assert sglang["latency.ttft"] == pytest.approx(1 + 1.5 * 5 / 6, rel=1e-6)
-    assert tgi == {"queue_depth": 2.0, "in_flight": 4.0, "latency.e2e": pytest.approx(e2e)}
+    assert sglang["p95_latency"] == pytest.approx(1 + 1.5 * 5 / 6, rel=1e-6)
+    assert tgi == {"queue_depth": 2.0, "in_flight": 4.0, "p95_latency": pytest.approx(e2e),
+                   "completion_rate": pytest.approx(2.0, rel=0.05)}
     assert dcgm["gpu_engine_active"] == pytest.approx(0.6)
     assert dcgm["gpu_sm_active"] == pytest.approx(0.4)
     assert dcgm["gpu_fb_used_mib"] == 4000.0
@@ -302,15 +315,15 @@ async def test_empty_and_nan_results_are_missing_not_zero(
         absent = await poll(source, prometheus.target_from_policy(
             policy("vllm", name="absent"), rate_window=WINDOW), ListSink())
     finally:
-        source.close()
+        await source.close()
     # idle: NaN gauge, histogram with zero rate (histogram_quantile gives NaN).
     assert idle["queue_depth"] is None
-    assert idle["latency.ttft"] is None
+    assert idle["p95_latency"] is None
     # absent: every query returns an empty vector.
     assert set(absent.values()) == {None}
     assert not source.stats.errors
     # In the store a missing sample erases the source's earlier value.
-    assert all(s.missing for s in sink.samples if s.signal in ("queue_depth", "latency.ttft"))
+    assert all(s.missing for s in sink.samples if s.signal in ("queue_depth", "p95_latency"))
 
 
 async def test_errors_and_timeouts_emit_nothing_and_never_raise(
@@ -328,14 +341,14 @@ async def test_errors_and_timeouts_emit_nothing_and_never_raise(
                                       timeout_s=0.2),
         prometheus.PrometheusConfig(),
     )
-    target = prometheus.PromTarget(model=KEY, queries=(("queue_depth", "sum(("),))
+    target = prometheus.PromTarget(model=KEY, queries=((vocabulary.Signal.QUEUE_DEPTH, "sum(("),))
     try:
         await poll(bad_query, target, sink)
         await poll(refused, target, sink)
         await poll(slow, target, sink)
     finally:
         for source in (bad_query, refused, slow):
-            source.close()
+            await source.close()
     assert sink.samples == []
     assert bad_query.stats.errors == {"PrometheusApiClientException": 1}
     assert sum(refused.stats.errors.values()) == 1
@@ -368,12 +381,29 @@ async def test_a_closed_source_polls_again(
         prometheus.PrometheusSettings(url=prom.url), prometheus.PrometheusConfig()
     )
     target = prometheus.PromTarget(
-        model=KEY, queries=(("queue_depth", 'sum(vllm:num_requests_waiting{pod="a"})'),)
+        model=KEY,
+        queries=((vocabulary.Signal.QUEUE_DEPTH, 'sum(vllm:num_requests_waiting{pod="a"})'),),
     )
     try:
         await poll(source, target, sink)
-        source.close()
+        await source.close()
         await poll(source, target, sink)
     finally:
-        source.close()
+        await source.close()
     assert [s.value for s in sink.samples] == [5.0, 5.0]
+
+
+async def test_an_implausible_result_is_dropped_and_counted(
+    prom: prometheus_server.PrometheusServer, sink: ListSink
+) -> None:
+    # One pod "running" 10^12 requests is a broken exporter, never a reason to scale.
+    source = prometheus.PrometheusSource(prometheus.PrometheusSettings(url=prom.url))
+    target = prometheus.PromTarget(model=KEY, queries=(
+        (vocabulary.Signal.IN_FLIGHT, "vector(1e12)"),
+        (vocabulary.Signal.QUEUE_DEPTH, "vector(3)")))
+    try:
+        await poll(source, target, sink)
+    finally:
+        await source.close()
+    assert [(s.signal, s.value) for s in sink.samples] == [(vocabulary.Signal.QUEUE_DEPTH, 3.0)]
+    assert source.stats.dropped == {"implausible": 1}

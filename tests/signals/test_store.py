@@ -1,4 +1,4 @@
-"""The signal store: sums over fresh sources, TTL, merged histograms, windows, listeners."""
+"""The signal store: sums over fresh sources, TTL, merged histograms, source caps, listeners."""
 
 from __future__ import annotations
 
@@ -8,11 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scaler.core import histogram as hist
+from scaler.core import vocabulary
 from scaler.engine import types
-from scaler.signals import base, store
+from scaler.signals import samples, store
 
 T0 = 1_764_410_000.0
 KEY = "inference/llama-70b"
+
+
+Signal = vocabulary.Signal
+TTFT = vocabulary.LatencyMetric.TTFT
 
 
 def sample(
@@ -21,10 +27,19 @@ def sample(
     *,
     source: str = "pod-a",
     ts: float = T0,
-    histogram: base.Histogram | None = None,
+    histogram: hist.Histogram | None = None,
     model: str = KEY,
-) -> base.Sample:
-    return base.Sample(model, signal, source, ts, value, histogram)
+) -> samples.Sample:
+    """'queue_depth', or 'latency.<metric>' for the p95 of a latency metric."""
+    name, _, metric = signal.partition("latency.")
+    if metric:
+        return samples.Sample(model, Signal.P95_LATENCY, source, ts, value, histogram,
+                              metric=vocabulary.LatencyMetric(metric))
+    return samples.Sample(model, Signal(name), source, ts, value, histogram)
+
+
+def fresh(value: float, age_s: float, sources: int = 1) -> types.SignalValue:
+    return types.SignalValue(value=value, age_s=age_s, fresh=True, sources=sources)
 
 
 # --- histograms -------------------------------------------------------------------------
@@ -47,32 +62,32 @@ def sample(
 def test_quantile_interpolates_like_histogram_quantile(
     le: tuple[float, ...], counts: tuple[float, ...], q: float, expected: float
 ) -> None:
-    quantile = base.Histogram(le=le, counts=counts).quantile(q)
+    quantile = hist.Histogram(le=le, counts=counts).quantile(q)
     assert quantile == pytest.approx(expected)
 
 
 def test_empty_histogram_has_no_quantile() -> None:
-    assert base.Histogram(le=(1, 2), counts=(0, 0)).quantile(0.95) is None
+    assert hist.Histogram(le=(1, 2), counts=(0, 0)).quantile(0.95) is None
 
 
 def test_merge_with_identical_bounds_sums_counts() -> None:
-    a = base.Histogram(le=(1, 2, 4), counts=(10, 20, 30))
-    b = base.Histogram(le=(1, 2, 4), counts=(0, 5, 10))
-    assert base.merge_histograms([a, b]) == base.Histogram(le=(1, 2, 4), counts=(10, 25, 40))
+    a = hist.Histogram(le=(1, 2, 4), counts=(10, 20, 30))
+    b = hist.Histogram(le=(1, 2, 4), counts=(0, 5, 10))
+    assert hist.merge_histograms([a, b]) == hist.Histogram(le=(1, 2, 4), counts=(10, 25, 40))
 
 
 def test_merge_with_different_bounds_uses_the_union() -> None:
-    a = base.Histogram(le=(1, 2), counts=(10, 20))
-    b = base.Histogram(le=(2, 4), counts=(4, 8))
+    a = hist.Histogram(le=(1, 2), counts=(10, 20))
+    b = hist.Histogram(le=(2, 4), counts=(4, 8))
     # b at 1 s: 4 * (1 - 0)/(2 - 0) = 2; a above its last bound stays at 20.
-    assert base.merge_histograms([a, b]) == base.Histogram(le=(1, 2, 4), counts=(12, 24, 28))
+    assert hist.merge_histograms([a, b]) == hist.Histogram(le=(1, 2, 4), counts=(12, 24, 28))
 
 
 def test_merged_p95_is_not_the_average_of_p95s() -> None:
     # A fast replica with 900 requests under 0.1 s and a slow one with 100 around 4 s.
-    fast = base.Histogram(le=(0.1, 1, 5), counts=(900, 900, 900))
-    slow = base.Histogram(le=(0.1, 1, 5), counts=(0, 0, 100))
-    merged = base.merge_histograms([fast, slow])
+    fast = hist.Histogram(le=(0.1, 1, 5), counts=(900, 900, 900))
+    slow = hist.Histogram(le=(0.1, 1, 5), counts=(0, 0, 100))
+    merged = hist.merge_histograms([fast, slow])
     assert merged is not None
     # rank 950 of 1000 lies in (1, 5] holding 100, 50 of them below: 1 + 4 * 50/100 = 3.
     assert merged.quantile(0.95) == pytest.approx(3.0)
@@ -97,8 +112,8 @@ def test_merge_preserves_totals_and_orders_quantiles(
     histograms = []
     for steps in increments:
         cumulative = [float(sum(steps[: i + 1])) for i in range(3)]
-        histograms.append(base.Histogram(le=(0.5, 1.0, 2.0), counts=tuple(cumulative)))
-    merged = base.merge_histograms(histograms)
+        histograms.append(hist.Histogram(le=(0.5, 1.0, 2.0), counts=tuple(cumulative)))
+    merged = hist.merge_histograms(histograms)
     assert merged is not None
     assert merged.total == sum(h.total for h in histograms)
     value = merged.quantile(q)
@@ -124,8 +139,8 @@ def test_counts_are_summed_over_fresh_sources() -> None:
             sample("queue_depth", 100, source="pod-c", ts=T0 - 45),  # stale at 30 s
         ]
     )
-    value = signal_store.value(KEY, "queue_depth", now=T0 + 1, stale_after_s=30)
-    assert value == types.SignalValue(value=10.0, age_s=1.0, sources=2)
+    value = signal_store.value(KEY, Signal("queue_depth"), now=T0 + 1, stale_after_s=30)
+    assert value == fresh(10.0, 1.0, sources=2)
 
 
 def test_a_source_reporting_again_replaces_its_value() -> None:
@@ -133,7 +148,7 @@ def test_a_source_reporting_again_replaces_its_value() -> None:
     signal_store.put([sample("in_flight", 4, ts=T0)])
     signal_store.put([sample("in_flight", 7, ts=T0 + 1)])
     signal_store.put([sample("in_flight", 1, ts=T0 + 0.5)])  # late, out of order: ignored
-    value = signal_store.value(KEY, "in_flight", now=T0 + 1, stale_after_s=30)
+    value = signal_store.value(KEY, Signal("in_flight"), now=T0 + 1, stale_after_s=30)
     assert value is not None and value.value == 7
 
 
@@ -141,16 +156,16 @@ def test_all_stale_reports_the_last_value_with_its_age() -> None:
     signal_store = store.SignalStore()
     signal_store.put([sample("queue_depth", 4, ts=T0), sample("queue_depth", 2, source="b",
                                                              ts=T0 - 5)])
-    value = signal_store.value(KEY, "queue_depth", now=T0 + 40, stale_after_s=30)
+    value = signal_store.value(KEY, Signal("queue_depth"), now=T0 + 40, stale_after_s=30)
     # Nothing is fresh; the engine sees 6 aged 40 s (> 30: stale, hold), not "missing".
-    assert value == types.SignalValue(value=6.0, age_s=40.0, sources=2)
+    assert value == types.SignalValue(value=6.0, age_s=40.0, fresh=False, sources=2)
 
 
 def test_values_expire_after_the_ttl() -> None:
     signal_store = store.SignalStore(limits=store.StoreLimits(ttl_s=60))
     signal_store.put([sample("queue_depth", 4, ts=T0)])
-    assert signal_store.value(KEY, "queue_depth", now=T0 + 59, stale_after_s=30) is not None
-    assert signal_store.value(KEY, "queue_depth", now=T0 + 61, stale_after_s=30) is None
+    assert signal_store.value(KEY, Signal("queue_depth"), now=T0 + 59, stale_after_s=30) is not None
+    assert signal_store.value(KEY, Signal("queue_depth"), now=T0 + 61, stale_after_s=30) is None
     signal_store.expire(T0 + 700)
     assert signal_store.models() == ()
 
@@ -159,38 +174,39 @@ def test_missing_sample_forgets_the_sources_value() -> None:
     signal_store = store.SignalStore()
     signal_store.put([sample("queue_depth", 9, source="prometheus")])
     signal_store.put([sample("queue_depth", None, source="prometheus", ts=T0 + 1)])
-    assert signal_store.value(KEY, "queue_depth", now=T0 + 1, stale_after_s=30) is None
+    assert signal_store.value(KEY, Signal("queue_depth"), now=T0 + 1, stale_after_s=30) is None
 
 
 def test_latency_merges_histograms_and_guards_with_p95_only_sources() -> None:
     signal_store = store.SignalStore()
-    fast = base.Histogram(le=(0.1, 1, 5), counts=(900, 900, 900))
-    slow = base.Histogram(le=(0.1, 1, 5), counts=(0, 0, 100))
+    fast = hist.Histogram(le=(0.1, 1, 5), counts=(900, 900, 900))
+    slow = hist.Histogram(le=(0.1, 1, 5), counts=(0, 0, 100))
     signal_store.put(
         [
             sample("latency.ttft", 0.09, source="a", histogram=fast),
             sample("latency.ttft", 4.2, source="b", histogram=slow),
         ]
     )
-    value = signal_store.value(KEY, "latency.ttft", now=T0, stale_after_s=30)
+    value = signal_store.value(KEY, Signal.P95_LATENCY, metric=TTFT, now=T0, stale_after_s=30)
     assert value is not None and value.value == pytest.approx(3.0) and value.sources == 2
     # A source that sends only a p95 counts by max: 3.5 > 3.0.
     signal_store.put([sample("latency.ttft", 3.5, source="c")])
-    value = signal_store.value(KEY, "latency.ttft", now=T0, stale_after_s=30)
+    value = signal_store.value(KEY, Signal.P95_LATENCY, metric=TTFT, now=T0, stale_after_s=30)
     assert value is not None and value.value == pytest.approx(3.5) and value.sources == 3
 
 
 def test_gauges_are_averaged() -> None:
     combined = store.combine(
-        "kv_cache_usage", [sample("kv_cache_usage", 0.2), sample("kv_cache_usage", 0.6,
-                                                                 source="b")]
+        Signal.KV_CACHE_USAGE,
+        [sample("kv_cache_usage", 0.2), sample("kv_cache_usage", 0.6, source="b")],
+        now=T0, stale_after_s=30,
     )
     assert combined is not None and combined.value == pytest.approx(0.4)
 
 
 def test_snapshot_maps_signals_for_the_engine() -> None:
     signal_store = store.SignalStore()
-    histogram = base.Histogram(le=(0.5, 1, 2.5), counts=(40, 80, 100))
+    histogram = hist.Histogram(le=(0.5, 1, 2.5), counts=(40, 80, 100))
     signal_store.put(
         [
             sample("queue_depth", 3, ts=T0 - 2),
@@ -203,58 +219,45 @@ def test_snapshot_maps_signals_for_the_engine() -> None:
             sample("arrival_rate", 7.5, source="jetstream/S/c"),
         ]
     )
-    snapshot = signal_store.snapshot(KEY, now=T0, stale_after_s=30, latency_metric="e2e")
+    snapshot = signal_store.snapshot(KEY, now=T0, stale_after_s=30,
+                                     latency_metric=vocabulary.LatencyMetric.E2E)
     assert snapshot == types.SignalSnapshot(
-        queue_depth=types.SignalValue(3.0, 2.0, 1),
-        in_flight=types.SignalValue(5.0, 1.0, 1),
-        tokens_per_second=types.SignalValue(1200.0, 0.0, 1),
-        prompt_tokens_per_second=types.SignalValue(10000.0, 0.0, 2),
-        p95_latency_s=types.SignalValue(2.125, 0.0, 1),
-        arrival_rate=types.SignalValue(7.5, 0.0, 1),
+        queue_depth=fresh(3.0, 2.0),
+        in_flight=fresh(5.0, 1.0),
+        tokens_per_second=fresh(1200.0, 0.0),
+        prompt_tokens_per_second=fresh(10000.0, 0.0, sources=2),
+        p95_latency=types.SignalValue(2.125, 0.0, fresh=True, histogram=histogram),
+        arrival_rate=fresh(7.5, 0.0),
     )
     assert store.SignalStore().snapshot("x/y", now=T0, stale_after_s=30) == (
         types.SignalSnapshot()
     )
 
 
-def test_sources_per_signal_are_bounded() -> None:
-    signal_store = store.SignalStore(limits=store.StoreLimits(max_sources=3))
-    signal_store.put([sample("queue_depth", 1, source=f"p{i}", ts=T0 + i) for i in range(5)])
-    value = signal_store.value(KEY, "queue_depth", now=T0 + 5, stale_after_s=30)
+def test_a_full_series_refuses_new_sources_and_keeps_the_known_ones() -> None:
+    # A flood of invented `source` ids must not evict the replicas already reporting.
+    signal_store = store.SignalStore(limits=store.StoreLimits(max_sources=3, ttl_s=60))
+    signal_store.put([sample("queue_depth", 1, source=f"p{i}", ts=T0) for i in range(3)])
+    signal_store.put([sample("queue_depth", 100, source=f"flood-{i}", ts=T0 + 1)
+                      for i in range(50)])
+    value = signal_store.value(KEY, Signal.QUEUE_DEPTH, now=T0 + 1, stale_after_s=30)
     assert value is not None and value.sources == 3 and value.value == 3
+    assert signal_store.refused == {store.SOURCES_FULL: 50}
+    # Known sources keep reporting; a source past its TTL makes room for a new one.
+    signal_store.put([sample("queue_depth", 2, source="p0", ts=T0 + 2)])
+    signal_store.put([sample("queue_depth", 1, source=f"p{i}", ts=T0 + 70) for i in (1, 2)])
+    signal_store.put([sample("queue_depth", 5, source="p9", ts=T0 + 70)])
+    value = signal_store.value(KEY, Signal.QUEUE_DEPTH, now=T0 + 70, stale_after_s=30)
+    assert value is not None and value.value == 7 and value.sources == 3
 
 
-# --- windows, trend, listeners ----------------------------------------------------------
-
-
-def test_window_keeps_one_point_per_second_and_is_bounded() -> None:
-    limits = store.StoreLimits(window_s=10, resolution_s=1)
-    signal_store = store.SignalStore(limits=limits)
-    for i in range(40):  # 4 samples per second for 10 s: 1, 2, 3, ... 40
-        signal_store.put([sample("queue_depth", i + 1, ts=T0 + i * 0.25)])
-    history = signal_store.history(KEY, "queue_depth")
-    # The last value of each second: 4, 8, ..., 40, one point per second.
-    assert history == tuple((T0 + s, float(4 * (s + 1))) for s in range(10))
-    for i in range(40, 400):
-        signal_store.put([sample("queue_depth", 1, ts=T0 + i * 0.25)])
-    assert len(signal_store.history(KEY, "queue_depth")) <= 11
-
-
-def test_window_sums_sources_at_each_second() -> None:
+def test_freshness_is_decided_in_the_snapshot_against_the_stale_limit() -> None:
     signal_store = store.SignalStore()
-    signal_store.put([sample("queue_depth", 2, source="a", ts=T0)])
-    signal_store.put([sample("queue_depth", 3, source="b", ts=T0 + 0.5)])
-    signal_store.put([sample("queue_depth", 4, source="a", ts=T0 + 1.2)])
-    assert signal_store.history(KEY, "queue_depth") == ((T0, 5.0), (T0 + 1, 7.0))
-
-
-def test_trend_is_the_least_squares_slope() -> None:
-    signal_store = store.SignalStore()
-    for second, depth in enumerate([10, 12, 14, 16]):
-        signal_store.put([sample("queue_depth", depth, ts=T0 + second)])
-    assert signal_store.trend(KEY, "queue_depth", now=T0 + 3, window_s=60) == pytest.approx(2.0)
-    assert store.slope([(0.0, 1.0)]) is None
-    assert store.slope([(1.0, 1.0), (1.0, 5.0)]) is None
+    signal_store.put([sample("queue_depth", 4, ts=T0)])
+    at_40 = signal_store.snapshot(KEY, now=T0 + 40, stale_after_s=30).queue_depth
+    assert at_40 is not None and not at_40.fresh and at_40.value == 4
+    at_40_long_limit = signal_store.snapshot(KEY, now=T0 + 40, stale_after_s=120).queue_depth
+    assert at_40_long_limit is not None and at_40_long_limit.fresh
 
 
 def test_listeners_hear_each_model_once_per_put() -> None:
@@ -281,7 +284,7 @@ def test_a_failing_listener_does_not_stop_ingestion() -> None:
     signal_store.add_listener(heard.append)
     signal_store.put([sample("queue_depth", 1)])
     assert heard == [KEY]
-    assert signal_store.value(KEY, "queue_depth", now=T0, stale_after_s=30) is not None
+    assert signal_store.value(KEY, Signal("queue_depth"), now=T0, stale_after_s=30) is not None
 
 
 @settings(max_examples=200, deadline=None)
@@ -309,7 +312,7 @@ def test_sum_equals_the_newest_fresh_value_per_source(
         if source not in newest or newest[source][0] <= T0 + offset:
             newest[source] = (T0 + offset, value)
     fresh = [v for ts, v in newest.values() if now - ts <= 30]
-    got = signal_store.value(KEY, "queue_depth", now=now, stale_after_s=30)
+    got = signal_store.value(KEY, Signal("queue_depth"), now=now, stale_after_s=30)
     if fresh:
         assert got is not None and math.isclose(got.value, math.fsum(fresh), rel_tol=1e-9)
         assert got.sources == len(fresh)

@@ -7,7 +7,9 @@ import pytest
 
 from scaler.policy import model as policy_model
 from scaler.sim import cluster as sim_cluster
-from scaler.sim import feed, profiles, run, strategies
+from scaler.sim import feed, profiles, run
+from scaler.sim.strategies import hpa, keda, kpa, oracle
+from scaler.sim.strategies import scaler as scaler_strategy
 
 from .factories import step_trace, synthetic_trace
 
@@ -33,7 +35,7 @@ def _with_bounds(policy: policy_model.ScalePolicy, *, low: int, high: int
 def test_hpa_down_stabilization_window_is_300_s(
     policy_8b: policy_model.ScalePolicy, now: float, proposal: int, expected: int
 ) -> None:
-    controller = strategies.HpaController(_with_bounds(policy_8b, low=1, high=32))
+    controller = hpa.HpaController(_with_bounds(policy_8b, low=1, high=32))
     current = 10
     for at, value in [(0.0, 10), (15.0, 4), (150.0, 4), (285.0, 4), (300.0, 4)]:
         got = controller.normalize(current=current, proposal=value, now=at)
@@ -46,7 +48,7 @@ def test_hpa_down_stabilization_window_is_300_s(
 def test_hpa_scale_up_rate_is_max_of_4_pods_and_100_percent_per_15_s(
     policy_8b: policy_model.ScalePolicy,
 ) -> None:
-    controller = strategies.HpaController(_with_bounds(policy_8b, low=1, high=32))
+    controller = hpa.HpaController(_with_bounds(policy_8b, low=1, high=32))
     # From 2 asking 20: max(2 + 4, 2 x 2) = 6; 15 s later from 6: max(10, 12) = 12; then 20.
     assert controller.normalize(current=2, proposal=20, now=0.0) == 6
     assert controller.normalize(current=6, proposal=20, now=15.0) == 12
@@ -65,7 +67,7 @@ def test_hpa_scale_up_rate_is_max_of_4_pods_and_100_percent_per_15_s(
 def test_hpa_plain_metric_replica_calculator(
     values_sum: float, with_metrics: int, missing: int, current: int, expected: int
 ) -> None:
-    got = strategies.plain_metric_replicas(
+    got = hpa.plain_metric_replicas(
         current=current, values_sum=values_sum, with_metrics=with_metrics, missing=missing,
         target=0.7, tolerance=0.1)
     assert got == expected
@@ -79,7 +81,7 @@ def test_hpa_plain_metric_replica_calculator(
 def test_hpa_pending_pods_count_only_on_scale_up(
     values_sum: float, with_metrics: int, unready: int, expected: int
 ) -> None:
-    assert strategies.plain_metric_replicas(
+    assert hpa.plain_metric_replicas(
         current=with_metrics + unready, values_sum=values_sum, with_metrics=with_metrics,
         missing=0, unready=unready, target=0.7, tolerance=0.1) == expected
 
@@ -92,9 +94,9 @@ def test_hpa_in_the_simulator_waits_300_s_before_scaling_down(
     policy = _with_bounds(policy_8b, low=1, high=32)
     trace = step_trace(segments=[(300, 40.0), (700, 2.0)], input_tokens=1000,
                        output_tokens=200)
-    hpa = strategies.Hpa(policy)
+    strategy = hpa.Hpa(policy)
     pool = run.pool_for(policy, profile_8b)
-    sim = run.run_strategy(hpa, trace=trace, profile=profile_8b, pool=pool, policy=policy,
+    sim = run.run_strategy(strategy, trace=trace, profile=profile_8b, pool=pool, policy=policy,
                            initial_replicas=4)
     spec = sim.history.spec[: sim.step]
     peak_at = int(np.argmax(spec))
@@ -113,7 +115,7 @@ def test_hpa_in_the_simulator_waits_300_s_before_scaling_down(
     (0, 7.0, 2),
 ])
 def test_keda_external_average_value(status: int, metric: float, expected: int) -> None:
-    assert strategies.external_per_pod_replicas(status=status, metric=metric, target=5.0,
+    assert keda.external_per_pod_replicas(status=status, metric=metric, target=5.0,
                                                 tolerance=0.1) == expected
 
 
@@ -124,8 +126,8 @@ def test_keda_drops_to_min_once_the_queue_empties(
     # KEDA asks for 0 -> min replicas after the 300 s window, whatever the load.
     policy = _with_bounds(policy_8b, low=1, high=32)
     trace = synthetic_trace(rate=20.0, duration_s=500, input_tokens=1000, output_tokens=200)
-    keda = strategies.Keda(policy)
-    sim = run.run_strategy(keda, trace=trace, profile=profile_8b,
+    strategy = keda.Keda(policy)
+    sim = run.run_strategy(strategy, trace=trace, profile=profile_8b,
                            pool=run.pool_for(policy, profile_8b), policy=policy,
                            initial_replicas=4)
     spec = sim.history.spec[: sim.step]
@@ -140,38 +142,38 @@ def test_keda_drops_to_min_once_the_queue_empties(
 def test_kpa_panics_at_200_percent_and_never_scales_down_while_panicking(
     policy_8b: policy_model.ScalePolicy,
 ) -> None:
-    kpa = strategies.Kpa(_with_bounds(policy_8b, low=1, high=100))
+    autoscaler = kpa.Kpa(_with_bounds(policy_8b, low=1, high=100))
     # 2 ready pods, target 70 per pod. Panic-window concurrency 210 -> 3 pods = 150 %:
     # no panic, the stable window (100 -> 2 pods) decides.
-    assert kpa.scale(stable=100.0, panic=210.0, ready=2, now=0.0) == 2
-    assert not kpa.panicking
+    assert autoscaler.scale(stable=100.0, panic=210.0, ready=2, now=0.0) == 2
+    assert not autoscaler.panicking
     # 280 -> 4 pods = 200 % of ready: panic, take the panic window's 4.
-    assert kpa.scale(stable=100.0, panic=280.0, ready=2, now=2.0) == 4
-    assert kpa.panicking
+    assert autoscaler.scale(stable=100.0, panic=280.0, ready=2, now=2.0) == 4
+    assert autoscaler.panicking
     # Still within 60 s of the last over-threshold tick: no scale-down in panic.
-    assert kpa.scale(stable=100.0, panic=70.0, ready=4, now=30.0) == 4
-    assert kpa.scale(stable=100.0, panic=70.0, ready=4, now=62.0) == 4
+    assert autoscaler.scale(stable=100.0, panic=70.0, ready=4, now=30.0) == 4
+    assert autoscaler.scale(stable=100.0, panic=70.0, ready=4, now=62.0) == 4
     # 60 s after the panic was last extended (t=2): leave panic, back to the stable 2.
-    assert kpa.scale(stable=100.0, panic=70.0, ready=4, now=62.5) == 2
-    assert not kpa.panicking
+    assert autoscaler.scale(stable=100.0, panic=70.0, ready=4, now=62.5) == 2
+    assert not autoscaler.panicking
 
 
 def test_kpa_stable_window_and_rate_limits(policy_8b: policy_model.ScalePolicy) -> None:
-    kpa = strategies.Kpa(_with_bounds(policy_8b, low=1, high=100))
-    assert kpa.scale(stable=700.0, panic=700.0, ready=10, now=0.0) == 10
+    autoscaler = kpa.Kpa(_with_bounds(policy_8b, low=1, high=100))
+    assert autoscaler.scale(stable=700.0, panic=700.0, ready=10, now=0.0) == 10
     # Max scale-down rate 2: from 10 ready at most to 5, even at zero concurrency.
-    assert kpa.scale(stable=0.0, panic=0.0, ready=10, now=2.0) == 5
-    assert kpa.stable_s == 60 and kpa.panic_s == 6 and kpa.target_per_pod == 70
+    assert autoscaler.scale(stable=0.0, panic=0.0, ready=10, now=2.0) == 5
+    assert autoscaler.stable_s == 60 and autoscaler.panic_s == 6 and autoscaler.target_per_pod == 70
 
 
 def test_kpa_scales_to_zero_only_after_the_grace_period(
     policy_8b: policy_model.ScalePolicy,
 ) -> None:
-    kpa = strategies.Kpa(_with_bounds(policy_8b, low=0, high=10))
-    assert kpa.scale(stable=0.0, panic=0.0, ready=1, now=0.0) == 1
-    assert kpa.scale(stable=0.0, panic=0.0, ready=1, now=28.0) == 1
-    assert kpa.scale(stable=0.0, panic=0.0, ready=1, now=30.0) == 0
-    assert kpa.scale(stable=5.0, panic=5.0, ready=0, now=32.0) == 1
+    autoscaler = kpa.Kpa(_with_bounds(policy_8b, low=0, high=10))
+    assert autoscaler.scale(stable=0.0, panic=0.0, ready=1, now=0.0) == 1
+    assert autoscaler.scale(stable=0.0, panic=0.0, ready=1, now=28.0) == 1
+    assert autoscaler.scale(stable=0.0, panic=0.0, ready=1, now=30.0) == 0
+    assert autoscaler.scale(stable=5.0, panic=5.0, ready=0, now=32.0) == 1
 
 
 # ----- oracle and the real engine ----------------------------------------------------------
@@ -179,7 +181,7 @@ def test_kpa_scales_to_zero_only_after_the_grace_period(
 def test_oracle_need_follows_the_profile(profile_8b: profiles.ReplicaProfile) -> None:
     trace = step_trace(segments=[(120, 10.0), (120, 40.0)], input_tokens=1000,
                        output_tokens=200)
-    need = strategies.oracle_need(trace, profile_8b)
+    need = oracle.oracle_need(trace, profile_8b)
     # 10 req/s / (15.1 x 0.85) -> 1; 40 req/s -> ceil(3.1) = 4 (Poisson noise per 10 s
     # bucket can push a bucket higher, never lower than the mean-rate need).
     assert need[0] == 1
@@ -192,7 +194,7 @@ def test_scaler_strategy_feeds_the_engine_through_the_signal_store(
     trace = synthetic_trace(rate=20.0, duration_s=60, input_tokens=1000, output_tokens=200)
     sim = sim_cluster.SimCluster(trace=trace, profile=profile_8b,
                                  pool=run.pool_for(policy_8b, profile_8b), initial_replicas=2)
-    strategy = strategies.ScalerStrategy(policy_8b, start_epoch_s=1_700_000_000.0)
+    strategy = scaler_strategy.ScalerStrategy(policy_8b, start_epoch_s=1_700_000_000.0)
     seen: dict[float, tuple[int, int]] = {}
     for step in range(int(30 / sim.dt) + 1):
         now = sim.time_of_step(step)
@@ -215,14 +217,14 @@ def test_scaler_strategy_feeds_the_engine_through_the_signal_store(
     assert snap.prompt_tokens_per_second is not None
     assert snap.prompt_tokens_per_second.value == pytest.approx(20000, rel=0.15)
     # p95 TTFT from merged vLLM-bucket histograms, within the bucket of the true value.
-    assert snap.p95_latency_s is not None
+    assert snap.p95_latency is not None
     first = sim.first_token - sim.arrival
     window = (sim.first_token > 29.0 - 30.0) & (sim.first_token <= 29.0)
     true_p95 = float(np.percentile(first[window], 95))
     bounds = [0.0, *feed.VLLM_LATENCY_BUCKETS]
     upper = next(b for b in bounds if b >= true_p95)
     lower = max(b for b in bounds if b < upper)
-    assert lower <= snap.p95_latency_s.value <= upper
+    assert lower <= snap.p95_latency.value <= upper
     state = strategy.cluster_state(sim, now=30.0)
     assert (state.current, state.ready, state.starting) == (2, 2, ())
     sim.scale_to(3, now=30.0)

@@ -208,3 +208,130 @@ def test_duration_keeps_only_the_first_seconds() -> None:
     sample = traces.load_trace(BUNDLED / "servegen_m_large_sample", max_duration_s=1200.0,
                                seed=2)
     assert sample.requests > 0 and sample.duration_s < 1200.0
+
+
+def _servegen_client(folder: Path, client: int, *, rate: float = 2.0, windows: int = 4,
+                     dataset: dict[str, dict[str, str]] | None = None) -> None:
+    rows = [f"{i * 600},{rate},1.0,Gamma,1,1" for i in range(windows)]
+    (folder / f"chunk-{client}-trace.csv").write_text("\n".join(rows) + "\n")
+    if dataset is not None:
+        (folder / f"chunk-{client}-dataset.json").write_text(json.dumps(dataset, indent=2))
+
+
+# ServeGen's published form (data/language/m-large/chunk-0-dataset.json): window start ->
+# field -> a string holding a Python dict of token count -> probability.
+LANGUAGE_DATASET = {
+    "0": {"input_tokens": "{1000: 1.0}", "output_tokens": "{20: 0.5, 40: 0.5}"},
+    "600": {"input_tokens": "{}", "output_tokens": "{}"},  # empty: the entry before holds
+    "1200": {"input_tokens": "{3000: 0.25, 5000: 0.75}", "output_tokens": "{1500: 1.0}"},
+}
+
+
+def test_servegen_reads_per_client_dataset_json_by_window(tmp_path: Path) -> None:
+    _servegen_client(tmp_path, 0, dataset=LANGUAGE_DATASET)
+    trace = traces.load_trace(tmp_path, seed=4, start_s=0.0)
+    assert trace.requests == pytest.approx(2.0 * 2400, rel=0.1)
+    early = trace.arrival_s < 1200
+    assert set(trace.input_tokens[early].tolist()) == {1000}
+    assert set(trace.output_tokens[early].tolist()) == {20, 40}
+    late_inputs = trace.input_tokens[~early]
+    assert set(late_inputs.tolist()) == {3000, 5000}
+    assert float(np.mean(late_inputs == 5000)) == pytest.approx(0.75, abs=0.05)
+    assert set(trace.output_tokens[~early].tolist()) == {1500}
+    assert trace.length_source == "token lengths: dataset.json of 1 of 1 clients"
+
+
+def test_servegen_multimodal_items_count_as_prefill(tmp_path: Path) -> None:
+    # mm-image layout: text tokens, and per modality items per request x tokens per item.
+    _servegen_client(tmp_path, 0, windows=1, dataset={"0": {
+        "text_tokens": "{50: 1.0}", "output_tokens": "{30: 1.0}",
+        "image_count": "{2: 1.0}", "image_tokens": "{100: 0.5, 300: 0.5}",
+        "video_count": "{0: 1.0}", "video_tokens": "{0: 1.0}",
+        "audio_count": "{0: 1.0}", "audio_tokens": "{0: 1.0}"}})
+    trace = traces.load_trace(tmp_path, seed=2)
+    # 50 text + two images of 100 or 300 tokens each: 250, 450 or 650.
+    assert set(trace.input_tokens.tolist()) == {250, 450, 650}
+    assert float(trace.input_tokens.mean()) == pytest.approx(450, rel=0.05)
+
+
+def test_servegen_mixes_dataset_and_sharegpt_and_says_so(tmp_path: Path) -> None:
+    _servegen_client(tmp_path, 0, dataset={"0": {"input_tokens": "{777777: 1.0}",
+                                                 "output_tokens": "{5: 1.0}"}})
+    _servegen_client(tmp_path, 1)
+    lengths = BUNDLED / "sharegpt_8k_lengths_sample.csv"
+    trace = traces.load_trace(tmp_path, lengths="auto", seed=1)
+    from_dataset = trace.input_tokens == 777777
+    assert 0.4 < float(from_dataset.mean()) < 0.6  # two clients at the same rate
+    assert trace.input_tokens[~from_dataset].max() < 777777
+    assert "dataset.json of 1 of 2 clients" in trace.length_source
+    assert "ShareGPT stats" in trace.length_source
+    # An explicit stats file replaces every client's lengths.
+    forced = traces.load_trace(tmp_path, lengths=lengths, seed=1)
+    assert not (forced.input_tokens == 777777).any()
+    assert str(lengths) in forced.length_source
+
+
+def test_servegen_length_source_errors_name_what_is_missing(tmp_path: Path) -> None:
+    _servegen_client(tmp_path, 0, dataset=LANGUAGE_DATASET)
+    _servegen_client(tmp_path, 1)
+    with pytest.raises(traces.TraceError, match="--lengths dataset: no such file") as caught:
+        traces.load_trace(tmp_path, lengths="dataset")
+    assert caught.value.path == str(tmp_path / "chunk-1-dataset.json")
+    with pytest.raises(traces.TraceError, match="no such token-length file"):
+        traces.load_trace(tmp_path, lengths=tmp_path / "absent.csv")
+
+
+@pytest.mark.parametrize(("entry", "column", "message"), [
+    ({"input_tokens": "{10: 0.5, x: 0.5}", "output_tokens": "{1: 1.0}"}, "600.input_tokens",
+     "numbers"),
+    ({"input_tokens": "{10: -1}", "output_tokens": "{1: 1.0}"}, "600.input_tokens",
+     "non-negative"),
+    ({"input_tokens": "{10: 1.0}"}, "600", "needs output_tokens"),
+    ({"input_tokens": [1, 2], "output_tokens": "{1: 1.0}"}, "600.input_tokens", "expected"),
+])
+def test_servegen_bad_dataset_entries_name_file_line_and_field(
+    tmp_path: Path, entry: dict[str, object], column: str, message: str
+) -> None:
+    _servegen_client(tmp_path, 0, dataset={"0": LANGUAGE_DATASET["0"], "600": entry})  # type: ignore[dict-item]
+    with pytest.raises(traces.TraceError, match=message) as caught:
+        traces.load_trace(tmp_path)
+    assert caught.value.path == str(tmp_path / "chunk-0-dataset.json")
+    assert caught.value.column == column
+    assert caught.value.line == 6  # where "600" opens in the indented file
+
+
+def test_start_cuts_any_slice_rebased_to_its_start() -> None:
+    path = BUNDLED / "AzureLLMInferenceTrace_code_20min.csv"
+    full = traces.load_trace(path)
+    part = traces.load_trace(path, start_s=300.0, max_duration_s=240.0)
+    inside = (full.arrival_s >= 300.0) & (full.arrival_s < 540.0)
+    assert part.requests == int(inside.sum()) > 0
+    assert np.allclose(part.arrival_s, full.arrival_s[inside] - 300.0)
+    assert part.input_tokens.tolist() == full.input_tokens[inside].tolist()
+    assert part.start_s == pytest.approx(full.start_s + 300.0)
+    assert 0.0 <= part.arrival_s[0] and part.duration_s < 240.0
+    # Rate scaling applies to the slice; the open-ended slice runs to the end.
+    doubled = traces.load_trace(path, start_s=300.0, max_duration_s=240.0, rate_scale=2.0)
+    assert doubled.requests == 2 * part.requests
+    tail = traces.load_trace(path, start_s=1000.0)
+    assert tail.requests == int((full.arrival_s >= 1000.0).sum())
+    with pytest.raises(ValueError, match="non-negative"):
+        traces.load_trace(path, start_s=-5.0)
+
+
+def test_start_slices_servegen_windows_on_the_day_clock(tmp_path: Path) -> None:
+    sample = BUNDLED / "servegen_m_large_sample"
+    hour = traces.load_trace(sample, seed=5, start_s=3600.0, max_duration_s=1800.0)
+    assert hour.requests > 0
+    assert hour.start_s == 3600.0
+    assert 0.0 <= float(hour.arrival_s.min()) and hour.duration_s < 1800.0
+    # Windows at 1, 2, 4 and 8 req/s: the slice [900, 2100) is half of window 1, all of
+    # window 2 and half of window 3: 300 x 2 + 600 x 4 + 300 x 8 = 5,400 requests.
+    rows = [f"{i * 600},{rate},1.0,Gamma,1,1" for i, rate in enumerate((1, 2, 4, 8))]
+    (tmp_path / "chunk-0-trace.csv").write_text("\n".join(rows) + "\n")
+    lengths = BUNDLED / "sharegpt_8k_lengths_sample.csv"
+    cut = traces.load_trace(tmp_path, lengths=lengths, seed=3, start_s=900.0,
+                            max_duration_s=1200.0)
+    assert cut.requests == pytest.approx(5400, rel=0.05)
+    first_half = cut.arrival_s < 300.0  # 900..1200 s: window 1 at 2 req/s
+    assert int(first_half.sum()) == pytest.approx(600, rel=0.15)

@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 
 from scaler.actuators import base as actuators
+from scaler.demo import clock as demo_clock
+from scaler.demo import cluster as demo_cluster
 from scaler.engine import types
 from scaler.policy import loader
 from scaler.policy import model as policy_model
-from scaler.service import demo, demo_cluster
-from scaler.signals import base as signal_base
 from scaler.signals import messages
+from scaler.signals import samples as signal_samples
 from scaler.sim import profiles, traces
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,11 +58,11 @@ def decision(*, current: int, desired: int) -> types.Decision:
                           signals=())
 
 
-def parsed(report: demo_cluster.Report, *, now: float) -> tuple[signal_base.Sample, ...]:
+def parsed(report: demo_cluster.Report, *, now: float) -> tuple[signal_samples.Sample, ...]:
     """A report as the service's NATS source reads it (the DESIGN 4.2 contract)."""
-    known = frozenset({"inference/llama-8b"})
     result = messages.parse(report.body, now=now, route=messages.Route(
-        expected="inference/llama-8b", default_namespace="inference", known=known))
+        expected="inference/llama-8b", default_namespace="inference",
+        models={"inference/llama-8b": 30.0}))
     assert not isinstance(result, messages.Drop), result
     return result
 
@@ -170,10 +171,9 @@ def test_each_ready_replica_reports_one_contract_message_per_second() -> None:
     assert {r.subject for r in reports} == {"scaler.signals.inference.llama-8b"}
     last = [json.loads(r.body) for r in reports[-2:]]
     assert {body["source"] for body in last} == {"llama-8b-0", "llama-8b-1"}
-    assert all(body["ready"] is True for body in last)
     samples = parsed(reports[-1], now=model.epoch(30.0))
     signals = {s.signal for s in samples}
-    assert {"queue_depth", "in_flight", "tokens_per_second", "latency.ttft"} <= signals
+    assert {"queue_depth", "in_flight", "tokens_per_second", "p95_latency"} <= signals
     # Only contract fields (the gateway's arrival rate stays in the simulator).
     assert all(set(body) <= set(messages.SignalMessage.model_fields) for body in last)
     assert all(s.ts == pytest.approx(model.epoch(30.0)) for s in samples)
@@ -181,7 +181,8 @@ def test_each_ready_replica_reports_one_contract_message_per_second() -> None:
     by_signal = {s.signal: s for s in samples}
     assert (by_signal["in_flight"].value or 0) > 0
     assert (by_signal["tokens_per_second"].value or 0) > 0
-    histogram = by_signal["latency.ttft"].histogram
+    assert by_signal["p95_latency"].metric == "ttft"
+    histogram = by_signal["p95_latency"].histogram
     assert histogram is not None and histogram.total > 0
 
 
@@ -203,15 +204,9 @@ def test_cluster_starts_busy_even_on_a_slice_shorter_than_the_warm_up() -> None:
     assert waiting + running > 0
 
 
-def test_slice_keeps_the_first_seconds_and_the_clock() -> None:
-    trace = demo_cluster.slice_trace(steady_trace(rate=2.0), duration_s=10.0)
-    assert trace.requests == 20
-    assert trace.start_s == START
-
-
 def test_virtual_clock_runs_at_speed_and_never_backwards() -> None:
     loop_time = [100.0]
-    clock = demo.VirtualClock(loop_time=lambda: loop_time[0], start_epoch=START, speed=60.0)
+    clock = demo_clock.VirtualClock(loop_time=lambda: loop_time[0], start_epoch=START, speed=60.0)
     loop_time[0] = 101.0
     assert clock() == START  # frozen until begin()
     clock.begin()
@@ -271,7 +266,7 @@ def test_demo_scales_the_simulated_cluster_and_cleans_up(tmp_path: Path) -> None
     assert scores["scaler"]["completed"] == scores["scaler"]["requests"] > 0
     assert "oracle" in scores
     assert report.read_text().startswith("<!doctype html>")
-    assert "scale up" in done.stdout
+    assert "Scaling up from" in done.stdout
     port = int(document["nats_url"].rsplit(":", 1)[1])
     assert _nats_servers_on(port) == []
 

@@ -2,31 +2,26 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from scaler.actuators import base as actuators
+from scaler.core import vocabulary
 from scaler.engine import types as engine_types
 from scaler.policy import model as policy_model
-from scaler.service import runner
-from scaler.signals import base as signal_base
+from scaler.service import explain, runner
 from scaler.signals import messages, nats_core
+from scaler.signals import samples as signal_samples
 from scaler.sim import cluster as sim_cluster
 from scaler.sim import feed as sim_feed
-from scaler.sim import profiles, run, strategies, traces
+from scaler.sim import profiles, run, traces
 
 # Replicas report once per virtual second, as the simulator's own scaler strategy assumes
 # (vLLM pods exporting through NATS at about that cadence).
 REPORT_INTERVAL_S = 1.0
-
-# Per-replica values that are fields of the message contract (queue_depth, in_flight,
-# tokens_per_second, ...): whatever the feed measures and the contract carries is sent.
-# The gateway's arrival rate is not a contract field, so it stays in the simulator.
-_MESSAGE_FIELDS = frozenset(messages.SignalMessage.model_fields) & (
-    signal_base.SUMMED_SIGNALS | signal_base.GAUGE_SIGNALS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +32,8 @@ class ScaleChange:
     previous: int
     desired: int
     winner: str | None
-    summary: str
+    summary: str  # the engine's one line (Decision.summary), as Events and logs show it
+    words: str  # the same decision as a person says it (explain.in_words)
     ready: int = 0  # ready and starting replicas just after the change
     starting: int = 0
 
@@ -48,14 +44,6 @@ class Report:
 
     subject: str
     body: bytes
-
-
-def slice_trace(trace: traces.Trace, *, duration_s: float) -> traces.Trace:
-    """The requests arriving in the first `duration_s` seconds (the rest are not replayed)."""
-    keep = trace.arrival_s < duration_s
-    return traces.Trace(trace.path, trace.arrival_s[keep], trace.input_tokens[keep],
-                        trace.output_tokens[keep], rate_scale=trace.rate_scale,
-                        start_s=trace.start_s)
 
 
 def subject_of(policy: policy_model.ScalePolicy, *, prefix: str) -> str | None:
@@ -100,18 +88,19 @@ class SimulatedModel:
             trace=trace, profile=profile, pool=self.pool, initial_replicas=initial_replicas,
             dt=dt, gpus_per_replica=policy.spec.resources.gpus_per_replica,
             warmup_s=self.warmup_s)
-        # The simulator's scaler strategy is used only for what it observes: its feed (what
-        # each vLLM pod reports) and its ClusterState (pods, starts, free GPUs). It never
-        # decides here: the real service does, over NATS.
-        self.view = strategies.ScalerStrategy(policy, start_epoch_s=trace.start_s,
-                                              period_s=REPORT_INTERVAL_S)
+        # What each simulated vLLM pod measures (queue, batch, tokens/s, a latency
+        # histogram): the simulator's feed, read here only for its samples, which become
+        # NATS messages. It never decides: the real service does, over NATS.
+        self.feed = sim_feed.SignalFeed(
+            model_key=policy.key, start_epoch_s=trace.start_s,
+            latency_metric=policy.spec.latency_metric, interval_s=REPORT_INTERVAL_S)
         self.changes: list[ScaleChange] = []
         self.reports = 0
         # Pods report during the last 10 s of the warm-up too (unpublished), so the first
         # published tokens/s covers a full rate window, as a pod that has been serving for
         # a while reports: from t=0 alone the first rates would span 1 s, 2 s, ... and
         # their noise would look like a trend to the forecast.
-        self._next_report = -self.view.feed.rate_window_s
+        self._next_report = -self.feed.rate_window_s
         self.advance_to(-self.cluster.dt)  # the warm-up, before the service starts
 
     @property
@@ -164,50 +153,35 @@ class SimulatedModel:
         speaks only while no replica is ready or requests are held at it: its queue is
         then the only sign of demand, which is how a model is activated from zero.
         """
-        feed = self.view.feed
-        feed.publish(self.cluster, now=now)
-        _, samples = feed.pending.pop()
-        feed.pending.clear()
-        by_source: dict[str, list[signal_base.Sample]] = {}
-        for sample in samples:
+        by_source: dict[str, list[signal_samples.Sample]] = {}
+        for sample in self.feed.measure(self.cluster, now=now):
             by_source.setdefault(sample.source, []).append(sample)
         gateway = by_source.pop(sim_feed.GATEWAY_SOURCE, [])
         out = [self._message(source, group) for source, group in sorted(by_source.items())]
-        held = next((s.value for s in gateway if s.signal == signal_base.QUEUE_DEPTH), None)
+        held = next((s.value for s in gateway if s.signal is vocabulary.Signal.QUEUE_DEPTH),
+                    None)
         if gateway and (not self.cluster.ready_slots or (held or 0.0) > 0):
             out.append(self._message(sim_feed.GATEWAY_SOURCE, gateway))
         return out
 
-    def _message(self, source: str, samples: Sequence[signal_base.Sample]) -> Report:
-        """One DESIGN 4.2 body for one source's samples."""
+    def _message(self, source: str, samples: Sequence[signal_samples.Sample]) -> Report:
+        """One DESIGN 4.2 body for one source's samples, written by the contract's encoder."""
         policy = self.policy
-        body: dict[str, object] = {"v": 1, "model": policy.metadata.name,
-                                   "namespace": policy.metadata.namespace}
-        ready: bool | None = None
         if source.startswith("pod-"):
-            slot = int(source.removeprefix("pod-"))
             # Pod names as a Deployment's would read: llama-8b-<slot>.
-            body["source"] = f"{policy.spec.target.name}-{slot}"
-            ready = self.cluster.pods[slot].phase == "ready"
-        else:
-            body["source"] = source
-        for sample in samples:
-            body["ts"] = round(sample.ts, 3)
-            if sample.signal in _MESSAGE_FIELDS and sample.value is not None:
-                body[sample.signal] = round(sample.value, 3)
-            elif sample.histogram is not None:
-                histogram = sample.histogram
-                metric = sample.signal.removeprefix("latency.")
-                p95 = histogram.quantile(0.95)
-                body["latency"] = {
-                    "metric": metric,
-                    **({"p95_seconds": round(p95, 4)} if p95 is not None else {}),
-                    "histogram": {"le": list(histogram.le),
-                                  "counts": [int(c) for c in histogram.counts]},
-                }
-        if ready is not None:
-            body["ready"] = ready
-        return Report(self.subject, json.dumps(body, separators=(",", ":")).encode())
+            source = f"{policy.spec.target.name}-{source.removeprefix('pod-')}"
+        values: dict[vocabulary.Signal, float] = {
+            s.signal: round(s.value, 3) for s in samples
+            if s.signal in vocabulary.MESSAGE_SIGNALS and s.value is not None}
+        latency = next((s for s in samples if s.histogram is not None), None)
+        histogram = None if latency is None else latency.histogram
+        p95 = None if histogram is None else histogram.quantile(0.95)
+        body = messages.encode(
+            model=policy.metadata.name, namespace=policy.metadata.namespace, source=source,
+            ts=round(max(s.ts for s in samples), 3), values=values,
+            latency_metric=None if latency is None else latency.metric,
+            p95_seconds=None if p95 is None else round(p95, 4), latency_histogram=histogram)
+        return Report(self.subject, body)
 
     def drain(self) -> None:
         """After the replay: run on, without arrivals past the slice, until every request
@@ -224,7 +198,8 @@ class SimulatedModel:
     # -- what the service's reader and actuators see and do ----------------------------
 
     def cluster_state(self) -> engine_types.ClusterState:
-        return self.view.cluster_state(self.cluster, now=self.now)
+        return sim_feed.cluster_state(self.cluster, start_epoch_s=self.trace.start_s,
+                                      now=self.now)
 
     def scale(self, decision: engine_types.Decision) -> actuators.ApplyOutcome:
         """Set spec.replicas as the scale subresource would, with its precondition."""
@@ -243,7 +218,9 @@ class SimulatedModel:
         ready, starting = self.ready_starting()
         self.changes.append(ScaleChange(at_s=self.now, previous=previous,
                                         desired=decision.desired, winner=decision.winner,
-                                        summary=decision.summary, ready=ready,
+                                        summary=decision.summary,
+                                        words=explain.in_words(dataclasses.asdict(decision)),
+                                        ready=ready,
                                         starting=starting))
         return actuators.ApplyOutcome(actuators.Outcome.APPLIED, target, previous,
                                       decision.desired, f"spec.replicas {previous}->"

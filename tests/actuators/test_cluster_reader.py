@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from scaler.actuators import selectors, state
+from scaler.actuators import cluster_reader, selectors
 from scaler.engine import types
 from scaler.policy import model
 from scaler.testing.kube_emulator import ControllerSettings, EmulatorController, Fault
@@ -22,8 +22,10 @@ EVERYTHING = selectors.Selector()
 
 @pytest.fixture
 async def reader(kube: KubeTestEnv, wall_clock: ManualClock
-                 ) -> AsyncIterator[state.KubeClusterReader]:
-    cluster = state.KubeClusterReader(kube.api, settings=kube.settings, wall_clock=wall_clock)
+                 ) -> AsyncIterator[cluster_reader.KubeClusterReader]:
+    settings = kube.settings.model_copy(update={"watch_namespaces": (kube.namespace,)})
+    cluster = cluster_reader.KubeClusterReader(kube.api, settings=settings,
+                                               wall_clock=wall_clock)
     await cluster.start()
     try:
         yield cluster
@@ -50,7 +52,7 @@ def node(name: str, *, gpus: int, ready: bool = True, cordoned: bool = False,
 
 
 async def test_reads_current_replicas_from_scale(kube: KubeTestEnv,
-                                                 reader: state.KubeClusterReader) -> None:
+                                                 reader: cluster_reader.KubeClusterReader) -> None:
     await kube.create_deployment("llama", replicas=3)
     cluster = await reader.read(make_policy(kube.namespace, "llama"))
     assert cluster.current == 3
@@ -59,7 +61,8 @@ async def test_reads_current_replicas_from_scale(kube: KubeTestEnv,
 
 @pytest.mark.emulator_only
 async def test_pod_timelines_become_cold_start_observations(
-        kube: KubeTestEnv, reader: state.KubeClusterReader, wall_clock: ManualClock) -> None:
+        kube: KubeTestEnv, reader: cluster_reader.KubeClusterReader, wall_clock: ManualClock,
+) -> None:
     """Scheduled after 5 s, containers started 60 s later, Ready 20 s after: 85 s."""
     assert kube.emulator is not None
     controller = EmulatorController(kube.emulator, ControllerSettings(
@@ -69,7 +72,7 @@ async def test_pod_timelines_become_cold_start_observations(
     created = wall_clock.now
 
     controller.reconcile()
-    await until(lambda: len(reader.pods.objects) == 2)
+    await until(lambda: len(reader.pods[kube.namespace].objects) == 2)
     cluster = await reader.read(policy)
     assert (cluster.current, cluster.ready) == (2, 0)
     assert cluster.starting == (created, created)
@@ -91,14 +94,15 @@ async def test_pod_timelines_become_cold_start_observations(
     await kube.api.merge_patch(f"{kube.collection('apps/v1', 'deployments')}/llama/scale",
                                {"spec": {"replicas": 1}})
     controller.reconcile()
-    await until(lambda: len(reader.pods.objects) == 1)
+    await until(lambda: len(reader.pods[kube.namespace].objects) == 1)
     cluster = await reader.read(policy)
     assert (cluster.current, cluster.ready, len(cluster.observations)) == (1, 1, 2)
 
 
 @pytest.mark.emulator_only
 async def test_wait_for_a_new_node_counts_as_node_boot(
-        kube: KubeTestEnv, reader: state.KubeClusterReader, wall_clock: ManualClock) -> None:
+        kube: KubeTestEnv, reader: cluster_reader.KubeClusterReader, wall_clock: ManualClock,
+) -> None:
     assert kube.emulator is not None
     nodes = kube.emulator.resource("", "nodes")
     kube.emulator.store.create(nodes, None, node("full", gpus=0))
@@ -125,7 +129,7 @@ async def test_wait_for_a_new_node_counts_as_node_boot(
 
 @pytest.mark.emulator_only
 async def test_unhealthy_nodes_are_not_capacity(kube: KubeTestEnv,
-                                                reader: state.KubeClusterReader) -> None:
+                                                reader: cluster_reader.KubeClusterReader) -> None:
     assert kube.emulator is not None
     nodes = kube.emulator.resource("", "nodes")
     store = kube.emulator.store
@@ -138,7 +142,7 @@ async def test_unhealthy_nodes_are_not_capacity(kube: KubeTestEnv,
     await kube.create_deployment("llama", replicas=1, gpus=4)
     controller.reconcile()
     await until(lambda: any((p.get("spec") or {}).get("nodeName") == "good"
-                            for p in reader.pods.objects.values()))
+                            for p in reader.pods[kube.namespace].objects.values()))
     await until(lambda: len(reader.nodes.objects) == 4)
     pool = model.NodePool(name="h100", gpus_per_node=8, node_selector={"pool": "h100"})
 
@@ -154,19 +158,105 @@ async def test_unhealthy_nodes_are_not_capacity(kube: KubeTestEnv,
 
 @pytest.mark.emulator_only
 async def test_watch_survives_drops_and_relists_after_410(
-        kube: KubeTestEnv, reader: state.KubeClusterReader) -> None:
+        kube: KubeTestEnv, reader: cluster_reader.KubeClusterReader) -> None:
     assert kube.emulator is not None
-    await until(lambda: reader.pods.synced.is_set())
+    await until(lambda: reader.pods[kube.namespace].synced.is_set())
     pods = kube.emulator.resource("", "pods")
     store = kube.emulator.store
-    kube.emulator.inject(Fault(verb="watch", path="^/api/v1/pods$", drop_watch=True))
-    kube.emulator.inject(Fault(verb="watch", path="^/api/v1/pods$", status=410))
+    path = f"^{cluster_reader.pods_path(kube.namespace)}$"
+    kube.emulator.inject(Fault(verb="watch", path=path, drop_watch=True))
+    kube.emulator.inject(Fault(verb="watch", path=path, status=410))
     # End the current stream so the informer hits both faults on its way back.
     store.close_watchers()
     for i in range(3):
         store.create(pods, kube.namespace, {"metadata": {"name": f"p{i}"}, "spec": {}})
-    await until(lambda: reader.pods.lists == 2)  # relisted after the 410
-    await until(lambda: len(reader.pods.objects) == 3)
-    assert reader.pods.watches >= 3  # the first, the dropped one, the one after the list
+    await until(lambda: reader.pods[kube.namespace].lists == 2)  # relisted after the 410
+    await until(lambda: len(reader.pods[kube.namespace].objects) == 3)
+    # the first, the dropped one, the one after the list
+    assert reader.pods[kube.namespace].watches >= 3
     store.delete(pods, kube.namespace, "p0")
-    await until(lambda: len(reader.pods.objects) == 2)
+    await until(lambda: len(reader.pods[kube.namespace].objects) == 2)
+
+
+async def _pods_in_two_namespaces(kube: KubeTestEnv) -> str:
+    """Pod `here` in the test's namespace, pod `there` in another; returns the other."""
+    assert kube.emulator is not None
+    other = "other-" + kube.namespace
+    await kube.api.request("POST", "/api/v1/namespaces", body={"metadata": {"name": other}})
+    pods = kube.emulator.resource("", "pods")
+    for namespace, name in ((kube.namespace, "here"), (other, "there")):
+        kube.emulator.store.create(pods, namespace, {"metadata": {"name": name}, "spec": {}})
+    return other
+
+
+@pytest.mark.emulator_only
+async def test_pods_are_watched_in_the_policies_namespaces_only(
+        kube: KubeTestEnv, wall_clock: ManualClock) -> None:
+    """Default settings: a namespace is watched from its first policy on, and no longer
+    once no policy is there; nothing is ever listed cluster-wide."""
+    other = await _pods_in_two_namespaces(kube)
+    await kube.create_deployment("llama", replicas=1)
+    reader = cluster_reader.KubeClusterReader(kube.api, settings=kube.settings,
+                                              wall_clock=wall_clock)
+    await reader.start()
+    try:
+        assert reader.pods == {}
+        await reader.read(make_policy(kube.namespace, "llama"))  # its first policy: listed
+        assert set(reader.pods) == {kube.namespace}
+        assert list(reader.pods[kube.namespace].objects) == [f"{kube.namespace}/here"]
+
+        await reader.update([make_policy(other, "llama")])
+        assert set(reader.pods) == {other}
+        await until(lambda: reader.pods[other].synced.is_set())
+        assert list(reader.pods[other].objects) == [f"{other}/there"]
+    finally:
+        await reader.stop()
+    assert kube.emulator is not None
+    paths = {r.path for r in kube.emulator.requests if r.verb in ("list", "watch")}
+    assert "/api/v1/pods" not in paths
+    assert {cluster_reader.pods_path(kube.namespace), cluster_reader.pods_path(other)} <= paths
+
+
+async def test_a_policy_outside_the_watched_namespaces_is_refused(
+        kube: KubeTestEnv, reader: cluster_reader.KubeClusterReader) -> None:
+    with pytest.raises(cluster_reader.NamespaceNotWatched, match="not in kube.watch_namespaces"):
+        await reader.read(make_policy("kube-system", "coredns"))
+    assert set(reader.pods) == {kube.namespace}
+
+
+@pytest.mark.emulator_only
+async def test_cluster_wide_is_one_watch_over_every_namespace(
+        kube: KubeTestEnv, wall_clock: ManualClock) -> None:
+    other = await _pods_in_two_namespaces(kube)
+    settings = kube.settings.model_copy(update={"cluster_wide": True})
+    reader = cluster_reader.KubeClusterReader(kube.api, settings=settings,
+                                              wall_clock=wall_clock)
+    await reader.start()
+    try:
+        await kube.create_deployment("llama", replicas=1)
+        await reader.read(make_policy(kube.namespace, "llama"))
+        await reader.update([])  # fixed by the settings: changes nothing
+        assert set(reader.pods) == {cluster_reader.ALL_NAMESPACES}
+        assert set(reader.pods[""].objects) >= {f"{kube.namespace}/here", f"{other}/there"}
+    finally:
+        await reader.stop()
+
+
+@pytest.mark.emulator_only
+async def test_a_forbidden_pod_list_is_named_when_read_gives_up(
+        kube: KubeTestEnv, wall_clock: ManualClock) -> None:
+    assert kube.emulator is not None
+    kube.emulator.inject(Fault(verb="list", path=f"^{cluster_reader.pods_path(kube.namespace)}$",
+                               status=403, times=1000))
+    settings = kube.settings.model_copy(update={
+        "watch_namespaces": (kube.namespace,), "request_timeout_s": 0.5})
+    reader = cluster_reader.KubeClusterReader(kube.api, settings=settings,
+                                              wall_clock=wall_clock)
+    await reader.start()
+    try:
+        await kube.create_deployment("llama", replicas=1)
+        await until(lambda: reader.pods[kube.namespace].last_error is not None)
+        with pytest.raises(cluster_reader.NotSynced, match="403"):
+            await reader.read(make_policy(kube.namespace, "llama"))
+    finally:
+        await reader.stop()

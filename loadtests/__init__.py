@@ -1,0 +1,1 @@
+"""Load tests: synthetic scenarios and the suite that runs them with the shared traces."""

@@ -1,0 +1,1 @@
+"""The bottom layer: vocabulary, settings, backoff, error text; imports nothing from scaler."""

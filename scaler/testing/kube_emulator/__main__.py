@@ -1,0 +1,56 @@
+"""`python -m scaler.testing.kube_emulator`: serve the Kubernetes API emulator on loopback.
+
+For trying the service by hand without a cluster: point `kube.host` at the printed URL.
+It is test infrastructure, so it is not a `scaler` subcommand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import Sequence
+
+from scaler.testing.kube_emulator import controller, server
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m scaler.testing.kube_emulator",
+        description="Serve the Kubernetes API emulator on 127.0.0.1 until interrupted.")
+    parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--controller", action="store_true",
+                        help="turn Deployment replicas into pods that become Ready")
+    parser.add_argument("--schedule-delay", type=float, default=1.0, metavar="SECONDS")
+    parser.add_argument("--start-delay", type=float, default=30.0, metavar="SECONDS",
+                        help="scheduled -> containers running (image pull + model load)")
+    parser.add_argument("--ready-delay", type=float, default=10.0, metavar="SECONDS")
+    return parser
+
+
+async def serve(args: argparse.Namespace) -> None:
+    emulator = server.KubeEmulator(clock=time.time)
+    url = await emulator.start(port=args.port)
+    try:
+        print(f"Kubernetes API emulator on {url} (kubeconfig server: {url})", flush=True)
+        if not args.controller:
+            await asyncio.Event().wait()
+        pods = controller.EmulatorController(emulator, controller.ControllerSettings(
+            schedule_delay_s=args.schedule_delay, start_delay_s=args.start_delay,
+            ready_delay_s=args.ready_delay))
+        await pods.run()
+    finally:
+        await emulator.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

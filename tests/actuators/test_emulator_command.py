@@ -1,0 +1,32 @@
+"""`python -m scaler.testing.kube_emulator`: the emulator served by hand, outside `scaler`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import urllib.request
+
+from scaler.testing import free_port
+
+
+def test_the_emulator_command_serves_the_api_until_interrupted() -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "scaler.testing.kube_emulator", "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        banner = process.stdout.readline()
+        assert f"http://127.0.0.1:{port}" in banner, process.stderr.read() if process.stderr \
+            else banner
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/apis/apps/v1/namespaces/"
+                                    "default/deployments", timeout=5) as response:
+            assert json.loads(response.read())["kind"] == "DeploymentList"
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=10) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate()

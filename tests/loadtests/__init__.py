@@ -1,0 +1,1 @@
+"""Tests of the load-test tools: scenario shapes and the suite."""
