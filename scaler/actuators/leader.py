@@ -41,6 +41,10 @@ class LeaseElector:
         self._observed_at = 0.0
         self._renewed_at: float | None = None
         self.transitions = 0  # times this elector became leader
+        # What the log last said (leading or not), so each change is one line: gained at
+        # INFO, lost at WARNING with why, whether seen on a round or by the deadline.
+        self._reported = False
+        self._why_lost = ""
 
     @property
     def identity(self) -> str:
@@ -71,32 +75,56 @@ class LeaseElector:
     def _became_leader(self, now: float) -> None:
         if not self.is_leader:
             self.transitions += 1
-            log.info("%s is now the leader (lease %s)", self._identity, self.settings.name)
         self._renewed_at = now
 
     def _lost(self, why: str) -> None:
-        if self._renewed_at is not None:
-            log.warning("%s lost leadership: %s", self._identity, why)
+        self._why_lost = why
         self._renewed_at = None
 
+    def _failed(self, what: str, error: kube.KubeError) -> None:
+        # The lease stays ours until the renew deadline; past it, this is why we stopped.
+        self._why_lost = (f"not renewed within {self.settings.renew_deadline_s:g} s "
+                          f"({what}: {error})")
+        log.info("%s: %s", what, error)
+
+    def _report(self) -> bool:
+        leading = self.is_leader
+        if leading and not self._reported:
+            log.info("%s is now the leader (lease %s/%s)", self._identity,
+                     self.settings.namespace, self.settings.name)
+        elif self._reported and not leading:
+            log.warning("%s lost leadership of lease %s/%s: %s; it stops scaling",
+                        self._identity, self.settings.namespace, self.settings.name,
+                        self._why_lost or "not renewed in time")
+        self._reported = leading
+        return leading
+
     async def try_acquire_or_renew(self) -> bool:
-        """One round: create, renew or take over the Lease. Returns whether we lead."""
+        """One round: create, renew or take over the Lease. Returns whether we lead.
+
+        A change of leadership is logged once: gained at INFO, lost at WARNING (also when
+        it lapsed for want of renewal, noticed on the round after the deadline)."""
+        await self._round()
+        return self._report()
+
+    async def _round(self) -> None:
         now = self._now()
         stamp = timefmt.micro_time(self.wall_clock())
         try:
             lease = await self.api.get(self.path)
         except kube.KubeError as error:
             if not error.not_found:
-                log.info("lease read failed: %s", error)
-                return self.is_leader
-            return await self._create(now, stamp)
+                self._failed("lease read failed", error)
+                return
+            await self._create(now, stamp)
+            return
         self._observe(lease, now)
         spec: dict[str, Any] = dict(lease.get("spec") or {})
         holder = spec.get("holderIdentity") or ""
         duration = int(spec.get("leaseDurationSeconds") or self.settings.lease_duration_s)
         if holder and holder != self._identity and now < self._observed_at + duration:
             self._lost(f"held by {holder}")
-            return False
+            return
         if holder != self._identity:
             spec.update(holderIdentity=self._identity, acquireTime=stamp,
                         leaseTransitions=int(spec.get("leaseTransitions") or 0) + 1)
@@ -106,14 +134,13 @@ class LeaseElector:
         except kube.KubeError as error:
             if error.conflict:
                 self._lost("another candidate wrote the lease first")
-                return False
-            log.info("lease update failed: %s", error)
-            return self.is_leader
+                return
+            self._failed("lease update failed", error)
+            return
         self._observe(updated, now)
         self._became_leader(now)
-        return True
 
-    async def _create(self, now: float, stamp: str) -> bool:
+    async def _create(self, now: float, stamp: str) -> None:
         body = {
             "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
             "metadata": {"name": self.settings.name, "namespace": self.settings.namespace},
@@ -125,10 +152,9 @@ class LeaseElector:
             created = await self.api.request("POST", self.path.rpartition("/")[0], body=body)
         except kube.KubeError as error:
             log.info("lease create failed: %s", error)  # 409: another candidate created it
-            return False
+            return
         self._observe(created, now)
         self._became_leader(now)
-        return True
 
     async def run(self) -> None:
         """Acquire, then renew every `retry_period_s`, until cancelled."""
@@ -142,6 +168,10 @@ class LeaseElector:
         if self._renewed_at is None:
             return
         self._renewed_at = None
+        if self._reported:
+            log.info("%s releases leadership of lease %s/%s (shutting down)", self._identity,
+                     self.settings.namespace, self.settings.name)
+            self._reported = False
         try:
             lease = await self.api.get(self.path)
             spec = dict(lease.get("spec") or {})

@@ -66,7 +66,7 @@ def model_line(model: demo_cluster.SimulatedModel, state: service_state.ServiceS
         winner=(last.decision.winner or "none") if last is not None else "-",
         p95_s=p95.value if p95 is not None else None,
         slo_s=guard.slo_seconds if guard is not None else None,
-        metric=guard.metric if guard is not None else "ttft")
+        metric=model.policy.spec.latency_metric)
 
 
 def _p95_text(line: ModelLine) -> str:

@@ -22,7 +22,8 @@ def register(
     the settings live in the service layer, above this one, so the caller passes it in."""
     validate = subparsers.add_parser(
         "validate", help="check ScalePolicy files and folders",
-        description="Check ScalePolicy files and folders. Exit 0 when all are valid, 1 if not.")
+        description="Check ScalePolicy files and folders. Exit 0 when all are valid, 1 if not "
+        "(an error, or a path with no ScalePolicy in it).")
     validate.add_argument("paths", nargs="+", type=Path, metavar="PATH")
     validate.add_argument("--json", action="store_true", help="machine-readable output")
     validate.set_defaults(handler=_validate)
@@ -39,9 +40,10 @@ def register(
 
 def _validate(args: argparse.Namespace) -> int:
     missing = [p for p in args.paths if not p.exists()]
-    result = loader.load_paths([p for p in args.paths if p.exists()])
+    existing = [p for p in args.paths if p.exists()]
+    result = loader.load_paths(existing)
     errors = [loader.PolicyError(path=str(p), document=None, field="", message="no such file")
-              for p in missing] + result.errors
+              for p in missing] + _nothing_found(existing, result) + result.errors
     warned = [text for item in result.loaded for text in lint.warnings(item.policy)]
     if args.json:
         json.dump({
@@ -60,6 +62,18 @@ def _validate(args: argparse.Namespace) -> int:
             print(f"warn  {text}")
         print(f"{len(result.loaded)} valid, {len(errors)} error(s)")
     return 1 if errors else 0
+
+
+def _nothing_found(paths: list[Path], result: loader.LoadResult) -> list[loader.PolicyError]:
+    """An error for each named path that holds no ScalePolicy document, valid or not: an
+    empty folder (or a wrong one) must not pass as "0 valid, 0 error(s)"."""
+    seen = {item.path for item in result.loaded} | {error.path for error in result.errors}
+    return [loader.PolicyError(
+                path=str(path), document=None, field="",
+                message="no ScalePolicy found (a folder is searched for *.yaml and *.yml "
+                "files; documents of other kinds are skipped)")
+            for path in paths
+            if not any(str(file) in seen for file in loader.iter_policy_files([path]))]
 
 
 def schema_document() -> dict[str, Any]:

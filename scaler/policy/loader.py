@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,11 @@ from scaler.core import errors
 from scaler.policy import model
 
 POLICY_SUFFIXES = (".yaml", ".yml")
+
+MAX_FILE_BYTES = 1024 * 1024
+"""Largest policy file read, in bytes. 1 MiB holds hundreds of policies (one is about
+1-2 KiB); a 50 MB file took PyYAML a minute and 580 MB to parse, so larger files are
+refused before parsing (`policies.max_file_bytes` in the service)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +47,10 @@ class LoadedPolicy:
     path: str
     document: int
 
+    @property
+    def where(self) -> str:
+        return f"{self.path} (document {self.document})"
+
 
 @dataclass(slots=True)
 class LoadResult:
@@ -57,6 +66,32 @@ class LoadResult:
         return not self.errors
 
 
+class StrictLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader, except that a key repeated in one mapping is an error.
+
+    SafeLoader keeps the last value silently, so `replicas: {max: 4}` followed later by
+    `replicas: {max: 400}` would scale to 400 with no word. Keys brought in by a merge
+    (`<<: *defaults`) may still be overridden, as YAML intends.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False
+                          ) -> dict[Hashable, Any]:
+        seen: dict[Hashable, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):
+                continue  # SafeLoader's own error for an unhashable key follows
+            first = seen.setdefault(key, key_node.start_mark)
+            if first is not key_node.start_mark:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"duplicate key {key!r} (first on line {first.line + 1})",
+                    key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _validation_errors(exc: pydantic.ValidationError, path: str, index: int) -> list[PolicyError]:
     return [PolicyError(path=path, document=index, field=problem.field, message=problem.message)
             for problem in errors.field_problems(
@@ -67,7 +102,7 @@ def parse_documents(text: str, path: str) -> LoadResult:
     """Parse every YAML document in `text`; empty documents are skipped."""
     result = LoadResult()
     try:
-        documents = list(yaml.safe_load_all(text))
+        documents = list(yaml.load_all(text, Loader=StrictLoader))  # a SafeLoader
     except yaml.YAMLError as exc:
         result.errors.append(PolicyError(path=path, document=None, field="",
                                          message=errors.yaml_problem(exc)))
@@ -111,55 +146,128 @@ def iter_policy_files(paths: Iterable[Path]) -> Iterator[Path]:
             yield path
 
 
-def load_paths(paths: Iterable[Path]) -> LoadResult:
+def read_limited(path: Path, *, max_bytes: int) -> bytes:
+    """At most `max_bytes + 1` bytes of `path`: enough to tell a file is over the limit
+    without holding a huge one in memory (it may grow between a stat and the read)."""
+    with path.open("rb") as stream:
+        return stream.read(max_bytes + 1)
+
+
+def _read(path: Path, *, max_bytes: int) -> str | PolicyError:
+    def problem(message: str) -> PolicyError:
+        return PolicyError(path=str(path), document=None, field="", message=message)
+
+    try:
+        data = read_limited(path, max_bytes=max_bytes)
+    except OSError as exc:
+        return problem(f"cannot read: {exc.strerror or exc}")
+    if len(data) > max_bytes:
+        try:
+            size = f"{path.stat().st_size:,} bytes"
+        except OSError:
+            size = "larger"
+        return problem(f"file is {size}, over the limit of {max_bytes:,} bytes "
+                       "(policies.max_file_bytes): not parsed; split it into smaller files")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return problem("not UTF-8 text")
+
+
+def load_paths(
+    paths: Iterable[Path],
+    *,
+    in_force: Mapping[str, LoadedPolicy] | None = None,
+    max_file_bytes: int = MAX_FILE_BYTES,
+) -> LoadResult:
     """Load every policy under `paths`. Invalid documents become errors; valid ones load.
 
     Cross-file checks: two policies with the same namespace/name, or two policies that
-    target the same object, are both errors (the second one found is rejected).
+    target the same object, collide and only one loads (`_resolve_collisions`). `in_force`
+    (model key -> the loaded policy now running, for a reload) decides who wins: the policy
+    in force stays, whatever the file names.
     """
     result = LoadResult()
     for path in iter_policy_files(paths):
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            result.errors.append(PolicyError(path=str(path), document=None, field="",
-                                             message=f"cannot read: {exc.strerror or exc}"))
-            continue
-        except UnicodeDecodeError:
-            result.errors.append(PolicyError(path=str(path), document=None, field="",
-                                             message="not UTF-8 text"))
+        text = _read(path, max_bytes=max_file_bytes)
+        if isinstance(text, PolicyError):
+            result.errors.append(text)
             continue
         part = parse_documents(text, str(path))
         result.errors.extend(part.errors)
         result.loaded.extend(part.loaded)
-    return _check_duplicates(result)
+    return _resolve_collisions(result, in_force or {})
 
 
-def _check_duplicates(result: LoadResult) -> LoadResult:
+TargetKey = tuple[str, str, str, str]
+"""(namespace, apiVersion, kind, name) of a scaled object."""
+
+
+def target_key(policy: model.ScalePolicy) -> TargetKey:
+    target = policy.spec.target
+    return (policy.metadata.namespace, target.api_version, target.kind, target.name)
+
+
+def _resolve_collisions(result: LoadResult, in_force: Mapping[str, LoadedPolicy]) -> LoadResult:
+    """Keep one policy per model key and per target; the others become errors.
+
+    Who wins, in this order:
+    1. The policy in force: a candidate whose model key is in force from the same file.
+       A file that now has errors still holds the keys and targets in force from it (its
+       last good version stays, `service.policies.merge`), so a newcomer cannot take over
+       a model by breaking, or racing, the file that defines it.
+    2. Otherwise (the first load, `scaler validate`, a policy that moved to another file):
+       the file whose path sorts first, then the lower document index. The others are
+       errors that name the winner's file.
+    """
+    broken = {error.path for error in result.errors}
+    present = {(item.policy.key, item.path) for item in result.loaded}
     by_key: dict[str, LoadedPolicy] = {}
-    by_target: dict[tuple[str, str, str, str], LoadedPolicy] = {}
-    kept: list[LoadedPolicy] = []
-    for item in result.loaded:
+    by_target: dict[TargetKey, LoadedPolicy] = {}
+    for key, running in in_force.items():
+        if running.path in broken and (key, running.path) not in present:
+            by_key[key] = running
+            by_target[target_key(running.policy)] = running
+    # Stable sort: the policies in force first, then the order the files loaded in.
+    order = sorted(range(len(result.loaded)),
+                   key=lambda index: not _is_in_force(result.loaded[index], in_force))
+    kept: set[int] = set()
+    for index in order:
+        item = result.loaded[index]
         policy = item.policy
-        target = policy.spec.target
-        target_key = (policy.metadata.namespace, target.api_version, target.kind, target.name)
-        if policy.key in by_key:
-            first = by_key[policy.key]
-            result.errors.append(PolicyError(
-                path=item.path, document=item.document, field="metadata.name",
-                message=f"policy {policy.key} is already defined in {first.path} "
-                        f"(document {first.document})"))
+        holder = by_key.get(policy.key)
+        if holder is not None:
+            result.errors.append(_collision(item, holder, in_force=in_force,
+                                            field="metadata.name",
+                                            what=f"policy {policy.key} is already defined"))
             continue
-        if target_key in by_target:
-            first = by_target[target_key]
-            result.errors.append(PolicyError(
-                path=item.path, document=item.document, field="spec.target",
-                message=f"{target.kind} {policy.metadata.namespace}/{target.name} is already "
-                        f"scaled by policy {first.policy.key} in {first.path}: two scalers "
-                        "on one object fight"))
+        target = target_key(policy)
+        holder = by_target.get(target)
+        if holder is not None:
+            kind, name = policy.spec.target.kind, policy.spec.target.name
+            result.errors.append(_collision(
+                item, holder, in_force=in_force, field="spec.target",
+                what=f"{kind} {policy.metadata.namespace}/{name} is already scaled by policy "
+                     f"{holder.policy.key}"))
             continue
         by_key[policy.key] = item
-        by_target[target_key] = item
-        kept.append(item)
-    result.loaded = kept
+        by_target[target] = item
+        kept.add(index)
+    result.loaded = [item for index, item in enumerate(result.loaded) if index in kept]
     return result
+
+
+def _is_in_force(item: LoadedPolicy, in_force: Mapping[str, LoadedPolicy]) -> bool:
+    running = in_force.get(item.policy.key)
+    return running is not None and running.path == item.path
+
+
+def _collision(item: LoadedPolicy, holder: LoadedPolicy, *,
+               in_force: Mapping[str, LoadedPolicy], field: str, what: str) -> PolicyError:
+    if holder.path != item.path and _is_in_force(holder, in_force):
+        why = "which is in force: this definition is rejected and the policy in force stays"
+    else:
+        why = ("which wins (files load in path order, then by document): this definition "
+               "is rejected")
+    return PolicyError(path=item.path, document=item.document, field=field,
+                       message=f"{what} in {holder.where}, {why}")

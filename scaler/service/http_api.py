@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiohttp import web
@@ -10,6 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from scaler.service import explain
 from scaler.service import state as service_state
+from scaler.signals import samples
 
 
 def _error(status: int, message: str, **extra: Any) -> web.Response:
@@ -25,9 +26,12 @@ class HttpApi:
         *,
         registry: CollectorRegistry,
         extra_routes: Iterable[web.RouteDef] = (),
+        clock: Callable[[], float] = samples.wall_clock,
     ) -> None:
+        """`clock`: wall time in epoch seconds, against which signal silence is judged."""
         self._state = state
         self._registry = registry
+        self._clock = clock
         self._extra = list(extra_routes)
 
     def app(self) -> web.Application:
@@ -52,10 +56,16 @@ class HttpApi:
         return web.Response(text="ok")
 
     async def _readyz(self, request: web.Request) -> web.Response:
-        if self._state.ready:
-            return web.Response(text="ok")
-        return web.Response(status=503, text="not ready: "
-                            + "; ".join(self._state.not_ready_reasons()))
+        if not self._state.ready:
+            return web.Response(status=503, text="not ready: "
+                                + "; ".join(self._state.not_ready_reasons()))
+        # Degraded is still ready (200): silent publishers are outside this pod, every
+        # replica sees the same silence, and taking the pods out of their Service would
+        # also cut off HTTP push and the metrics API through which signals come back.
+        silent = self._state.silent_models(self._clock())
+        if silent:
+            return web.Response(text="degraded: " + "; ".join(str(each) for each in silent))
+        return web.Response(text="ok")
 
     async def _models(self, request: web.Request) -> web.Response:
         models = []

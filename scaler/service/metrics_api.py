@@ -8,17 +8,22 @@ pods (AverageValue target) the `value` of every item returned.
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from scaler.actuators import authn as delegated
 from scaler.actuators import selectors, timefmt
 from scaler.core import vocabulary
 from scaler.engine import types
+from scaler.service import authn
 from scaler.service import state as service_state
+
+log = logging.getLogger(__name__)
 
 GROUP = "external.metrics.k8s.io"
 VERSION = "v1beta1"
@@ -33,6 +38,9 @@ SERVED_SIGNALS = {
                    vocabulary.Signal.P95_LATENCY)
 }
 METRIC_NAMES = (DESIRED_REPLICAS, *SERVED_SIGNALS)
+# Probes stay open on this port, as the API server's AlwaysAllowPaths do for a delegating
+# authorizer: kubelets call them without credentials.
+OPEN_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
 
 
 def quantity(value: float) -> str:
@@ -186,15 +194,91 @@ def external_metric_value_list(
     }
 
 
-class MetricsApi:
-    """The aiohttp app; `clock` gives wall-clock epoch seconds (injected for tests)."""
+def access_request(path: str, match_info: dict[str, str]) -> delegated.AccessRequest:
+    """What a request asks to do, in SubjectAccessReview terms.
 
-    def __init__(self, state: service_state.ServiceState, *, clock: Callable[[], float]) -> None:
+    `GET .../namespaces/{ns}/{metric}` is a list of the resource named by the metric in
+    that namespace (the HPA's ClusterRole grants get and list on external.metrics.k8s.io);
+    discovery and anything else is a non-resource `get` of the path, as the API server
+    asks for `/apis/...` (granted to every authenticated user by `system:discovery`).
+    """
+    if "metric" in match_info and "namespace" in match_info:
+        return delegated.AccessRequest(verb="list", group=GROUP, version=VERSION,
+                                       resource=match_info["metric"],
+                                       namespace=match_info["namespace"])
+    return delegated.AccessRequest(verb="get", path=path)
+
+
+def _forbidden_message(user: delegated.UserInfo, request: delegated.AccessRequest,
+                       reason: str) -> str:
+    # The API server's wording, so `kubectl get --raw` users recognise it.
+    if request.resource:
+        what = (f'cannot {request.verb} resource "{request.resource}" in API group '
+                f'"{request.group}" in the namespace "{request.namespace}"')
+    else:
+        what = f'cannot {request.verb} path "{request.path}"'
+    return f'User "{user.username}" {what}' + (f": {reason}" if reason else "")
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class MetricsApi:
+    """The aiohttp app; `clock` gives wall-clock epoch seconds (injected for tests).
+
+    `gate` authenticates and authorises every caller but the probes; None serves anyone
+    who reaches the port (local development only: `metrics_api.authentication: false`).
+    """
+
+    def __init__(self, state: service_state.ServiceState, *, clock: Callable[[], float],
+                 gate: authn.Gate | None = None) -> None:
         self._state = state
         self._clock = clock
+        self._gate = gate
+
+    @web.middleware
+    async def _counted(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            response = await self._guarded(request, handler)
+        except web.HTTPException as error:
+            self._state.record_metrics_api_request(error.status)
+            raise
+        self._state.record_metrics_api_request(response.status)
+        return response
+
+    async def _guarded(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        gate = self._gate
+        if gate is None or request.path in OPEN_PATHS:
+            return await handler(request)
+        ssl_object = (request.transport.get_extra_info("ssl_object")
+                      if request.transport is not None else None)
+        try:
+            user = await gate.authenticate(ssl_object=ssl_object, headers=request.headers)
+        except delegated.DelegationError as error:
+            # The API server answers 401 when its token webhook fails; nothing is cached.
+            log.warning("external metrics API: token review failed: %s", error)
+            user = None
+        if user is None:
+            return web.json_response(status_object(
+                code=401, reason="Unauthorized", message="Unauthorized"), status=401)
+        access = access_request(request.path, dict(request.match_info))
+        try:
+            decision = await gate.authorize(user, access)
+        except delegated.DelegationError as error:
+            log.warning("external metrics API: access review failed: %s", error)
+            return web.json_response(status_object(
+                code=500, reason="InternalError",
+                message="authorization could not be checked"), status=500)
+        if not decision.allowed:
+            return web.json_response(status_object(
+                code=403, reason="Forbidden",
+                message=_forbidden_message(user, access, decision.reason),
+                details={"name": access.resource or access.path, "group": access.group,
+                         "kind": access.resource}), status=403)
+        return await handler(request)
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._counted])
         app.router.add_get("/apis", self._groups)
         app.router.add_get(f"/apis/{GROUP}", self._group)
         app.router.add_get(BASE, self._resources)

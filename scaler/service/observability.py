@@ -37,6 +37,7 @@ class StateCollector(Collector):
         now = self._clock()
         yield from self._models(now)
         yield from self._service()
+        yield from self._health(now)
 
     def _models(self, now: float) -> Iterator[Metric]:
         g = _Families()
@@ -202,6 +203,47 @@ class StateCollector(Collector):
                             "Signal messages dropped, by source and reason.", ["source", "reason"])
         for (source, reason), count in sorted(self._state.dropped().items()):
             dropped.add_metric([source, reason], count)
+        api_requests = g.counter("scaler_metrics_api_requests",
+                                 "External metrics API answers by HTTP status (401 "
+                                 "unauthenticated, 403 unauthorised).", ["code"])
+        for code, count in sorted(self._state.metrics_api_requests.items()):
+            api_requests.add_metric([str(code)], count)
+        yield from g.families
+
+
+    def _health(self, now: float) -> Iterator[Metric]:
+        """Whether the signals can be trusted: sources up, their errors, silent models."""
+        g = _Families()
+        up = g.gauge("scaler_source_up", "1 when the signal source is connected (NATS) and "
+                     "its latest poll of every target succeeded (JetStream, Prometheus).",
+                     ["source"])
+        connected = g.gauge("scaler_source_connected",
+                            "1 while the source's NATS connection is up (NATS sources only).",
+                            ["source"])
+        errors = g.counter("scaler_source_errors", "Failed polls and connection errors of a "
+                           "signal source, by kind (the exception's name).",
+                           ["source", "reason"])
+        for source, health in sorted(self._state.source_health().items()):
+            up.add_metric([source], 1.0 if health.up else 0.0)
+            if health.connected is not None:
+                connected.add_metric([source], 1.0 if health.connected else 0.0)
+            for reason, count in sorted(health.errors.items()):
+                errors.add_metric([source, reason], count)
+        refused = g.counter("scaler_signals_refused",
+                            "Signal messages and samples refused, by reason, over all sources "
+                            "(sum by reason of scaler_dropped_messages_total).", ["reason"])
+        by_reason: collections.Counter[str] = collections.Counter()
+        for (_, reason), count in self._state.dropped().items():
+            by_reason[reason] += count
+        for reason, count in sorted(by_reason.items()):
+            refused.add_metric([reason], count)
+        silent = g.gauge("scaler_signals_silent", "1 when every source of the model has been "
+                         "silent past its staleAfterSeconds (replicas are held).", MODEL)
+        quiet = {each.key for each in self._state.silent_models(now)}
+        for status in self._state.statuses():
+            metadata = status.policy.metadata
+            silent.add_metric([metadata.namespace, metadata.name],
+                              1.0 if status.key in quiet else 0.0)
         yield from g.families
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -47,17 +48,24 @@ def merge(previous: Mapping[str, loader.LoadedPolicy], result: loader.LoadResult
                      errors=tuple(result.errors))
 
 
-def fingerprint(paths: Iterable[Path]) -> tuple[tuple[str, str], ...]:
+def fingerprint(
+    paths: Iterable[Path], *, max_file_bytes: int = loader.MAX_FILE_BYTES
+) -> tuple[tuple[str, str], ...]:
     """(path, sha256 of content) of every policy file: changes whenever any content does.
 
     Content, not mtime or inode: a ConfigMap update swaps the `..data` symlink to a new
     folder, so the same path suddenly shows other bytes with an mtime that can even go
     back; hashing a few hundred small files every 2 s costs well under a millisecond each.
+    A file over `max_file_bytes` is hashed only that far, with its size: it is an error
+    anyway, and reading 50 MB every 2 s would cost more than the whole watcher.
     """
     prints = []
     for path in loader.iter_policy_files(paths):
         try:
-            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            data = loader.read_limited(path, max_bytes=max_file_bytes)
+            digest = hashlib.sha256(data).hexdigest()
+            if len(data) > max_file_bytes:
+                digest = f"oversized {path.stat().st_size}: {digest}"
         except OSError as error:
             digest = f"unreadable: {error.strerror or error}"
         prints.append((str(path), digest))
@@ -70,17 +78,23 @@ Apply = Callable[[PolicySet], Awaitable[None]]
 class PolicyWatcher:
     """Polls the policy paths; loads and hands over a merged set when anything changed."""
 
-    def __init__(self, paths: Sequence[Path], *, poll_seconds: float, apply: Apply) -> None:
+    def __init__(self, paths: Sequence[Path], *, poll_seconds: float, apply: Apply,
+                 max_file_bytes: int = loader.MAX_FILE_BYTES) -> None:
         self.paths = tuple(paths)
         self.poll_seconds = poll_seconds
+        self.max_file_bytes = max_file_bytes
         self._apply = apply
         self._print: tuple[tuple[str, str], ...] | None = None
         self.current: PolicySet = PolicySet(policies={})
 
     async def load_now(self) -> PolicySet:
         """Load (or reload) at once and apply; returns the set now in force."""
-        current_print = await asyncio.to_thread(fingerprint, self.paths)
-        result = await asyncio.to_thread(loader.load_paths, self.paths)
+        current_print = await asyncio.to_thread(self._fingerprint)
+        # The policies in force win collisions: a new file reusing a model's name or
+        # target is rejected, whatever its file name sorts like.
+        result = await asyncio.to_thread(
+            functools.partial(loader.load_paths, self.paths, in_force=self.current.policies,
+                              max_file_bytes=self.max_file_bytes))
         merged = merge(self.current.policies, result)
         self._print = current_print
         self.current = merged
@@ -89,13 +103,19 @@ class PolicyWatcher:
                 "path": error.path, "document": error.document, "field": error.field})
         for key in merged.kept:
             log.warning("policy %s: the new version is invalid; the last good one stays", key)
+        if not merged.policies and not merged.errors:
+            log.warning("no ScalePolicy found in %s: no model is scaled",
+                        ", ".join(str(path) for path in self.paths))
         log.info("policies loaded: %d in force, %d problems", len(merged.policies),
                  len(merged.errors))
         await self._apply(merged)
         return merged
 
+    def _fingerprint(self) -> tuple[tuple[str, str], ...]:
+        return fingerprint(self.paths, max_file_bytes=self.max_file_bytes)
+
     async def changed(self) -> bool:
-        current_print = await asyncio.to_thread(fingerprint, self.paths)
+        current_print = await asyncio.to_thread(self._fingerprint)
         return current_print != self._print
 
     async def run(self) -> None:

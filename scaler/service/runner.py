@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scaler.actuators import authn as delegated
 from scaler.actuators import base as actuators
 from scaler.actuators import leader as kube_leader
 from scaler.actuators import resources as kube_resources
@@ -24,6 +25,7 @@ from scaler.actuators import wiring
 from scaler.policy import model
 from scaler.service import audit as audit_log
 from scaler.service import (
+    authn,
     http_api,
     metrics_api,
     observability,
@@ -63,6 +65,9 @@ class ClusterBackend:
     update: Callable[[Sequence[model.ScalePolicy]], Awaitable[None]] | None = None
     """Called with the policies in force on every (re)load: Kubernetes watches pods only in
     their namespaces."""
+    delegation: delegated.Delegation | None = None
+    """Who authenticates and authorises the external metrics API's callers (the API server
+    through TokenReview and SubjectAccessReview); None: nobody can (a simulated cluster)."""
 
 
 async def kubernetes_backend(
@@ -82,7 +87,8 @@ async def kubernetes_backend(
 
     return ClusterBackend(reader=adapters.reader, actuator=adapters.replicas,
                           leader=adapters.leader, pool_actuators=adapters.pools,
-                          announce=announce, close=adapters.close, update=adapters.update)
+                          announce=announce, close=adapters.close, update=adapters.update,
+                          delegation=delegated.KubeDelegation(adapters.api))
 
 
 class Service:
@@ -112,6 +118,7 @@ class Service:
         self.store = store.SignalStore(limits=settings.signals.store_limits())
         self.supervisor = tasks.Supervisor()
         self.http: web.RunningServer | None = None
+        self.push_server: web.RunningServer | None = None
         self.metrics_api: web.RunningServer | None = None
         self._cert_dir: Path | None = None
         self._audit: audit_log.AuditLog | None = None
@@ -155,6 +162,7 @@ class Service:
             clock=self.wall_clock)
         for each in self.sources:
             self.state.add_drop_counter(each.name, _dropped(each.stats))
+            self.state.add_source_health(each.name, _health(each.stats))
         # Samples the store refused (a full model refuses new sources), beside the drops.
         self.state.add_drop_counter("store", lambda: dict(self.store.refused))
 
@@ -162,7 +170,7 @@ class Service:
         # Policies before leadership: a new leader must know what it leads.
         self.watcher = policies.PolicyWatcher(
             settings.policies.paths, poll_seconds=settings.policies.reload_poll_seconds,
-            apply=self._apply_policies)
+            apply=self._apply_policies, max_file_bytes=settings.policies.max_file_bytes)
         await self.watcher.load_now()
         start = self.supervisor.start
         start("leader", self._lead())
@@ -189,16 +197,33 @@ class Service:
     async def _serve(self) -> None:
         settings = self.settings
         metrics_registry = observability.make_registry(self.state, clock=self.wall_clock)
-        app = http_api.HttpApi(self.state, registry=metrics_registry).app()
+        app = http_api.HttpApi(self.state, registry=metrics_registry,
+                               clock=self.wall_clock).app()
+        group = settings.http
+        pair = group.tls_pair()
+        http_context = None if pair is None else tls.server_context(pair)
+        push_app = app if group.push_port is None else web.new_app()
         for each in self.sources:
             if isinstance(each, http_push.HttpPushSource):
-                each.mount(app)  # push shares the plain HTTP port
-        self.http = await web.serve(app, host=settings.http.host, port=settings.http.port)
+                each.mount(push_app)
+        self.http = await web.serve(app, host=group.host, port=group.port,
+                                    ssl_context=http_context)
+        if push_app is not app and group.push_port is not None:
+            self.push_server = await web.serve(push_app, host=group.host, port=group.push_port,
+                                               ssl_context=http_context)
         if settings.metrics_api.enabled:
-            api = metrics_api.MetricsApi(self.state, clock=self.wall_clock)
+            gate = await self._gate()
+            api = metrics_api.MetricsApi(self.state, clock=self.wall_clock, gate=gate)
+            context = tls.server_context(await self._certificate(),
+                                         client_cas=gate.trust.ca_bundle if gate else "")
             self.metrics_api = await web.serve(
                 api.app(), host=settings.metrics_api.host, port=settings.metrics_api.port,
-                ssl_context=tls.server_context(await self._certificate()))
+                ssl_context=context)
+
+    async def _gate(self) -> authn.Gate | None:
+        return await authn.make_gate(
+            self.backend.delegation if self.backend is not None else None,
+            enabled=self.settings.metrics_api.authentication)
 
     async def _certificate(self) -> tls.CertificatePair:
         group = self.settings.metrics_api
@@ -283,7 +308,7 @@ class Service:
         if hasattr(self, "leader"):
             await self.leader.release()
         await self.supervisor.stop_all()
-        for server in (self.http, self.metrics_api):
+        for server in (self.http, self.push_server, self.metrics_api):
             if server is not None:
                 await server.close()
         for each in sources:
@@ -341,3 +366,8 @@ def _task_name(each: source.SignalSource) -> str:
 
 def _dropped(stats: samples.SourceStats) -> service_state.DropCounter:
     return lambda: dict(stats.dropped)
+
+
+def _health(stats: samples.SourceStats) -> service_state.HealthReader:
+    return lambda: service_state.SourceHealth(up=stats.up, connected=stats.connected,
+                                              errors=dict(stats.errors))

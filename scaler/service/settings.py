@@ -13,6 +13,8 @@ from pydantic_settings import NoDecode
 from scaler.actuators import settings as kube_settings
 from scaler.core import schema as core_schema
 from scaler.core import settings as core_settings
+from scaler.policy import loader as policy_loader
+from scaler.service import tls
 from scaler.signals import connection, messages, store
 from scaler.signals import prometheus as prometheus_source
 
@@ -66,6 +68,31 @@ class HttpSettings(core_settings.Group):
         description="Bearer token that HTTP signal pushes must carry. None disables the push "
         "endpoint: an unauthenticated write path into scaling decisions is never a default.",
     )
+    push_port: int | None = Field(
+        default=None, ge=0, le=65535,
+        description="Serve the push endpoint on its own port (0 = any free port), so a "
+        "NetworkPolicy can admit publishers to push and scrapers to /metrics separately. "
+        "None: push shares `port`.",
+    )
+    cert_file: Path | None = Field(
+        default=None,
+        description="PEM certificate for TLS on this port (and on push_port): the push token "
+        "and /metrics then never travel in clear text. Goes with key_file. None: plain HTTP "
+        "(keep the NetworkPolicy on, or a mesh with mTLS).",
+    )
+    key_file: Path | None = Field(
+        default=None, description="PEM private key of cert_file. None: plain HTTP.")
+
+    @model_validator(mode="after")
+    def _pair(self) -> HttpSettings:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        return self
+
+    def tls_pair(self) -> tls.CertificatePair | None:
+        if self.cert_file is None or self.key_file is None:
+            return None
+        return tls.CertificatePair(cert_file=self.cert_file, key_file=self.key_file)
 
 
 class MetricsApiSettings(core_settings.Group):
@@ -92,6 +119,16 @@ class MetricsApiSettings(core_settings.Group):
         description="Names put in the self-signed certificate made when no cert/key is "
         "given (development only: the APIService then needs insecureSkipTLSVerify).",
     )
+
+    authentication: bool = Field(
+        default=True,
+        description="Authenticate and authorise every caller but the probes as an "
+        "aggregated API server does: front-proxy client certificates and CAs from "
+        "kube-system/extension-apiserver-authentication, bearer tokens by TokenReview, "
+        "access by SubjectAccessReview (docs/security.md). Applies when running against "
+        "a cluster (a simulated one, as in `scaler demo`, has no API to ask). Off is "
+        "INSECURE: anyone who reaches the port reads every model's metrics; for local "
+        "development only.")
 
     _split = field_validator("self_signed_hosts", mode="before")(core_settings.split_commas)
 
@@ -194,6 +231,12 @@ class PolicySettings(core_settings.Group):
         description="How often files are checked for changes. Polling (not inotify) because "
         "a ConfigMap update is a symlink swap that inotify watches on the old file miss; "
         "2 s is small next to the kubelet's own ~60 s ConfigMap sync.",
+    )
+    max_file_bytes: int = Field(
+        default=policy_loader.MAX_FILE_BYTES, gt=0,
+        description="Largest policy file read, in bytes; a larger file is an error, refused "
+        "before parsing (its policies in force stay). 1 MiB holds hundreds of policies of "
+        "1-2 KiB each, while a 50 MB file took a minute and 580 MB of memory to parse.",
     )
 
     _split = field_validator("paths", mode="before")(core_settings.split_commas)

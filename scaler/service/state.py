@@ -149,6 +149,7 @@ class _Entry:
     """Mutable per-model record; only ServiceState touches it."""
 
     policy: model.ScalePolicy
+    since: float = 0.0  # wall time the policy came into force (its first load)
     last: Observation | None = None
     decisions: collections.Counter[str] = field(default_factory=collections.Counter)
     patches: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -158,6 +159,65 @@ class _Entry:
 
 
 DropCounter = Callable[[], Mapping[str, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceHealth:
+    """A signal source's health, read at scrape time.
+
+    up: connected (if it holds a connection) and no target's latest poll failed.
+    connected: its NATS connection is up now; None for a source that holds none.
+    errors: failed polls and connection errors since start, by kind.
+    """
+
+    up: bool
+    connected: bool | None
+    errors: Mapping[str, int]
+
+
+HealthReader = Callable[[], SourceHealth]
+
+
+@dataclass(frozen=True, slots=True)
+class SilentModel:
+    """A model none of whose sources has said anything fresh for longer than its
+    staleAfterSeconds: its replicas are held, and nothing will scale it up.
+
+    silent_s: seconds since the newest value (or, with no value at all, since its policy
+    came into force); values_seen: whether any source's value was still retained.
+    """
+
+    key: str
+    silent_s: float
+    stale_after_s: float
+    values_seen: bool
+
+    def __str__(self) -> str:
+        what = ("no fresh signal from any source" if self.values_seen
+                else "no signal from any source")
+        return (f"{self.key}: {what} for {self.silent_s:.0f} s (staleAfterSeconds "
+                f"{self.stale_after_s:g}); replicas are held")
+
+
+def silence(policy: model.ScalePolicy, last: Observation | None, *, since: float,
+            now: float) -> SilentModel | None:
+    """Whether every source of a model has been silent past its stale limit at `now`.
+
+    From the last evaluation's snapshot, aged to `now`: e.g. a newest value 20 s old at an
+    evaluation 15 s ago is 35 s old, past a 30 s limit. A model not evaluated yet is not
+    judged (its evaluations may be failing for other reasons, counted elsewhere).
+    """
+    if last is None:
+        return None
+    limit = policy.spec.stale_after_seconds
+    since_evaluation = max(0.0, now - last.at)
+    ages = [value.age_s + since_evaluation for _, value in last.snapshot.items()
+            if value is not None]
+    silent_s = min(ages) if ages else max(0.0, now - since)
+    if silent_s <= limit:
+        return None
+    return SilentModel(key=policy.key, silent_s=silent_s, stale_after_s=limit,
+                       values_seen=bool(ages))
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,8 +240,10 @@ class ServiceState:
         self._reloads: collections.Counter[str] = collections.Counter()
         self._leader: bool | None = None
         self._drop_sources: dict[str, DropCounter] = {}
+        self._health: dict[str, HealthReader] = {}
         self._draining = False
         self._pools: dict[str, PoolStatus] = {}
+        self._metrics_api_requests: collections.Counter[int] = collections.Counter()
 
     # -- policies -------------------------------------------------------------------------
 
@@ -193,7 +255,7 @@ class ServiceState:
         for policy in policies:
             entry = self._entries.get(policy.key)
             if entry is None:
-                entry = _Entry(policy=policy)
+                entry = _Entry(policy=policy, since=status.at)
             else:
                 entry.policy = policy
             fresh[policy.key] = entry
@@ -305,6 +367,32 @@ class ServiceState:
             for reason, count in counter().items():
                 out[(source, reason)] = count
         return out
+
+    # -- source health --------------------------------------------------------------------
+
+    def add_source_health(self, source: str, reader: HealthReader) -> None:
+        """Register a signal source's health (up, connected, errors by kind)."""
+        self._health[source] = reader
+
+    def source_health(self) -> dict[str, SourceHealth]:
+        """source -> its health now."""
+        return {source: reader() for source, reader in self._health.items()}
+
+    def silent_models(self, now: float) -> list[SilentModel]:
+        """Models whose every source has been silent past their staleAfterSeconds."""
+        found = (silence(e.policy, e.last, since=e.since, now=now)
+                 for e in self._entries.values())
+        return [each for each in found if each is not None]
+
+    # -- external metrics API -------------------------------------------------------------
+
+    def record_metrics_api_request(self, code: int) -> None:
+        """Count one answer of the external metrics API by HTTP status (401, 403, 200...)."""
+        self._metrics_api_requests[code] += 1
+
+    @property
+    def metrics_api_requests(self) -> Mapping[int, int]:
+        return dict(self._metrics_api_requests)
 
     # -- reads ----------------------------------------------------------------------------
 

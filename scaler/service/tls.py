@@ -54,9 +54,20 @@ async def self_signed(directory: Path, *, hosts: Sequence[str], days: int = 365)
     return pair
 
 
-def server_context(pair: CertificatePair) -> ssl.SSLContext:
-    """A TLS server context (TLS 1.2+, as the kube-apiserver aggregator speaks)."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+def server_context(pair: CertificatePair, *, client_cas: str = "") -> ssl.SSLContext:
+    """A TLS server context (TLS 1.2+, as the kube-apiserver aggregator speaks).
+
+    With `client_cas` (PEM) it requests, not requires, a client certificate verified
+    against those CAs only, as an aggregated API server does: the aggregator presents its
+    front-proxy certificate, other callers may come with a bearer token and none. A
+    certificate that does not verify fails the handshake. Not
+    `ssl.create_default_context(CLIENT_AUTH)`: that would also trust the system's public
+    CAs for client certificates.
+    """
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(certfile=str(pair.cert_file), keyfile=str(pair.key_file))
+    if client_cas.strip():
+        context.load_verify_locations(cadata=client_cas)
+        context.verify_mode = ssl.CERT_OPTIONAL
     return context

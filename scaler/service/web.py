@@ -47,3 +47,8 @@ async def serve(
             bound = int(address[1])
             break
     return RunningServer(runner=runner, host=host, port=bound, tls=ssl_context is not None)
+
+
+def new_app() -> web.Application:
+    """An empty app, for an endpoint served on a port of its own (HTTP push)."""
+    return web.Application()

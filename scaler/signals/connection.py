@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import random
 import ssl
-from collections.abc import Awaitable, Callable
+import urllib.parse
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -114,21 +116,88 @@ class NatsSettings(core_settings.Group):
 Callback = Callable[[], Awaitable[None]]
 
 
+def display_servers(servers: Iterable[str]) -> str:
+    """The server URLs for a log line, without any user:password@ in them."""
+    shown = []
+    for url in servers:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.netloc.rpartition("@")[2]
+        shown.append(urllib.parse.urlunsplit(parts._replace(netloc=host)))
+    return ", ".join(shown)
+
+
+class LinkLog:
+    """One log line per change of the service's link to NATS, however many clients share it.
+
+    NATS core and JetStream each hold a client to the same servers, so one server restart
+    drops both, and nats-py also reports a disconnect when a client is closed on purpose.
+    The link is down (WARNING, once) when any client has lost its connection, and back
+    (INFO, once) when every client is connected again; a clean close logs nothing.
+    """
+
+    def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
+        """`clock`: seconds, for the length of an outage; the event loop's by default."""
+        self._clock = clock or (lambda: asyncio.get_running_loop().time())
+        self._connected: dict[str, bool] = {}
+        self._down_since: float | None = None
+        self._announced = False
+
+    def joined(self, member: str) -> None:
+        """A client starts connecting (not connected yet; silence until it fails)."""
+        self._connected[member] = False
+
+    def up(self, member: str, *, servers: str) -> None:
+        self._connected[member] = True
+        if not all(self._connected.values()):
+            return
+        if self._down_since is not None:
+            log.info("nats connected to %s again after %.1f s", servers,
+                     self._clock() - self._down_since)
+        elif not self._announced:
+            log.info("nats connected to %s", servers)
+        self._down_since = None
+        self._announced = True
+
+    def down(self, member: str, *, servers: str, why: str) -> None:
+        self._connected[member] = False
+        if self._down_since is not None:
+            return
+        self._down_since = self._clock()
+        if self._announced:
+            log.warning("nats connection to %s lost (%s); reconnecting", servers, why)
+        else:
+            log.warning("nats: cannot connect to %s (%s); retrying", servers, why)
+
+    def left(self, member: str) -> None:
+        """A client was closed on purpose (shutdown, a restarted task): nothing to say."""
+        self._connected.pop(member, None)
+        if all(self._connected.values()):
+            self._down_since = None
+
+
 async def connect(
     client: Client,
     settings: NatsSettings,
     *,
     stats: samples.SourceStats,
+    member: str = "nats",
+    link: LinkLog | None = None,
     on_reconnected: Callback | None = None,
     rng: random.Random | None = None,
 ) -> None:
     """Connect `client` to NATS, retrying forever (cancel the caller to give up).
 
     The caller creates the client so it can close it even when cancelled mid-connect.
-    Errors and reconnections are counted in `stats`; the client replays its
-    subscriptions after a reconnect by itself.
+    Errors and reconnections are counted in `stats`, and `stats.connected` follows the
+    connection; changes are logged through `link` (shared by the clients of one service,
+    so one server restart is one WARNING and one INFO) as `member`. The client replays
+    its subscriptions after a reconnect by itself.
     """
     jitter = rng or random.Random()
+    link = link or LinkLog()
+    shown = display_servers(settings.servers)
+    stats.connected = False
+    link.joined(member)
 
     def choose(servers: list[Server], _info: dict[str, Any]) -> tuple[Server | None, float]:
         server = min(servers, key=lambda s: s.reconnects)
@@ -140,13 +209,21 @@ async def connect(
     async def on_error(exc: Exception) -> None:
         stats.error(type(exc).__name__)
         log.debug("nats error: %r", exc)
+        if not client.is_connected and not client.is_closed:
+            # A failed (re)connection attempt: the first one of an outage is logged.
+            link.down(member, servers=shown, why=f"{type(exc).__name__}: {exc}")
 
     async def on_disconnected() -> None:
-        log.info("nats disconnected; reconnecting")
+        stats.connected = False
+        if client.is_closed:
+            link.left(member)  # closed on purpose: a clean shutdown is not an outage
+        else:
+            link.down(member, servers=shown, why="disconnected")
 
     async def reconnected() -> None:
         stats.reconnects += 1
-        log.info("nats reconnected")
+        stats.connected = True
+        link.up(member, servers=shown)
         if on_reconnected is not None:
             await on_reconnected()
 
@@ -181,6 +258,8 @@ async def connect(
         max_outstanding_pings=settings.max_outstanding_pings,
         **options,
     )
+    stats.connected = True
+    link.up(member, servers=shown)
 
 
 async def barrier(client: Client, *, timeout_s: int = 10) -> None:

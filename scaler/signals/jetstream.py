@@ -12,7 +12,7 @@ from nats.js import JetStreamContext
 
 from scaler.core import vocabulary
 from scaler.policy import model as policy_model
-from scaler.signals import connection, polling, samples
+from scaler.signals import connection, failures, polling, samples
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +92,14 @@ class JetStreamLagSource:
         config: JetStreamConfig | None = None,
         *,
         clock: samples.Clock = samples.wall_clock,
+        link: connection.LinkLog | None = None,
     ) -> None:
+        """`link` logs connection changes, shared with the service's other NATS clients."""
         self.settings = settings
         self.config = config or JetStreamConfig()
         self.stats = samples.SourceStats()
+        self._link = link or connection.LinkLog()
+        self._failures = failures.PollFailures(self.stats, what="jetstream poll", logger=log)
         self._clock = clock
         self._sequences: dict[LagTarget, SequencePoint] = {}
         self._poller: polling.Poller[LagTarget] = polling.Poller()
@@ -119,12 +123,14 @@ class JetStreamLagSource:
         self.config = config
         kept = set(config.targets)
         self._sequences = {t: p for t, p in self._sequences.items() if t in kept}
+        self._failures.keep(target.source for target in config.targets)
         self._poller.wake()
 
     async def run(self, sink: samples.SampleSink) -> None:
         client = Client()
         try:
-            await connection.connect(client, self.settings, stats=self.stats)
+            await connection.connect(client, self.settings, stats=self.stats,
+                                     member=self.name, link=self._link)
             js = client.jetstream(timeout=self.config.timeout_s)
 
             async def poll_due(due: list[LagTarget]) -> None:
@@ -149,8 +155,10 @@ class JetStreamLagSource:
             stream = await js.stream_info(target.stream)
         except Exception as exc:  # timeouts, missing stream/consumer, lost connection
             self.stats.error(type(exc).__name__)
-            log.debug("jetstream poll of %s failed: %r", target.source, exc)
+            self._failures.failed(target.source, exc, now=self._clock(),
+                                  detail=f"model {target.model}")
             return
+        self._failures.succeeded(target.source)
         ts = self._clock()
         point = SequencePoint(last_seq=stream.state.last_seq, at=asyncio.get_running_loop().time())
         rate = arrival_rate(self._sequences.get(target), point)

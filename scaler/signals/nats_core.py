@@ -128,10 +128,13 @@ class NatsCoreSource:
         *,
         clock: samples.Clock = samples.wall_clock,
         subscribe: NatsCoreConfig | None = None,
+        link: connection.LinkLog | None = None,
     ) -> None:
         """`subscribe` gives how `update` subscribes for policies (prefix, wildcard, queue
-        group, limits; its routes are ignored); `config`, what to subscribe to now."""
+        group, limits; its routes are ignored); `config`, what to subscribe to now.
+        `link` logs connection changes, shared with the service's other NATS clients."""
         self.settings = settings
+        self._link = link or connection.LinkLog()
         self._subscribe = subscribe or NatsCoreConfig()
         self.config = config or self._subscribe
         self.stats = samples.SourceStats()
@@ -160,7 +163,8 @@ class NatsCoreSource:
         self._sink = sink
         client = Client()
         try:
-            await connection.connect(client, self.settings, stats=self.stats)
+            await connection.connect(client, self.settings, stats=self.stats,
+                                     member=self.name, link=self._link)
             self._client = client
             async with self._lock:
                 await self._sync_subscriptions()

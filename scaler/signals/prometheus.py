@@ -17,7 +17,7 @@ from scaler.core import settings as core_settings
 from scaler.core import vocabulary
 from scaler.core.vocabulary import Signal
 from scaler.policy import model as policy_model
-from scaler.signals import messages, polling, samples
+from scaler.signals import failures, messages, polling, samples
 
 log = logging.getLogger(__name__)
 
@@ -258,6 +258,9 @@ class PrometheusSource:
         self._clock = clock
         self._poller: polling.Poller[PromTarget] = polling.Poller()
         self._client: PrometheusConnect | None = None
+        # A wrong URL must be heard: WARNING per model, at most once a minute.
+        self._failures = failures.PollFailures(self.stats, what="prometheus queries",
+                                               logger=log)
 
     @staticmethod
     def _make_client(settings: PrometheusSettings) -> PrometheusConnect:
@@ -290,6 +293,7 @@ class PrometheusSource:
     def configure(self, config: PrometheusConfig) -> None:
         """Replace the targets; new ones are polled at once."""
         self.config = config
+        self._failures.keep(target.model for target in config.targets)
         self._poller.wake()
 
     async def wait_ready(self) -> None:
@@ -326,9 +330,11 @@ class PrometheusSource:
             *(self._query(promql, limit) for _, promql in target.queries)
         )
         out: list[samples.Sample] = []
-        for (signal, _), result in zip(target.queries, results, strict=True):
+        failed: list[tuple[Exception, str]] = []
+        for (signal, promql), result in zip(target.queries, results, strict=True):
             if isinstance(result, Exception):
                 self.stats.error(type(result).__name__)
+                failed.append((result, promql))
                 continue
             value = value_of(signal, result)
             if value is not None and value > signal.plausible_max:
@@ -338,6 +344,12 @@ class PrometheusSource:
             metric = target.latency_metric if signal is Signal.P95_LATENCY else None
             out.append(samples.Sample(target.model, signal, target.source, ts, value,
                                       metric=metric))
+        if failed:
+            error, promql = failed[0]
+            self._failures.failed(target.model, error, now=ts, detail=f"query {promql}",
+                                  count=len(failed))
+        else:
+            self._failures.succeeded(target.model)
         if out:
             self.stats.accepted += 1
             sink.put(out)
@@ -350,5 +362,4 @@ class PrometheusSource:
             try:
                 return await asyncio.to_thread(client.custom_query, promql)
             except Exception as exc:  # HTTP errors, timeouts, refused connections, bad JSON
-                log.debug("prometheus query failed: %s: %r", promql, exc)
-                return exc
+                return exc  # counted and logged (rate-limited) by `poll`, per model

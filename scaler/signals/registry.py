@@ -30,9 +30,11 @@ def build(
     settings: SourceSettings, *, clock: samples.Clock = samples.wall_clock
 ) -> tuple[source.SignalSource, ...]:
     """Every source the settings enable, in start order."""
+    link = connection.LinkLog()  # one log line per NATS outage, not one per client
     built: list[source.SignalSource] = [
-        nats_core.NatsCoreSource(settings.nats, clock=clock, subscribe=settings.subscribe),
-        jetstream.JetStreamLagSource(settings.nats, clock=clock),
+        nats_core.NatsCoreSource(settings.nats, clock=clock, subscribe=settings.subscribe,
+                                 link=link),
+        jetstream.JetStreamLagSource(settings.nats, clock=clock, link=link),
         prometheus.PrometheusSource(settings.prometheus, clock=clock),
     ]
     if settings.push is not None:

@@ -56,13 +56,22 @@ class SourceStats:
 
     accepted: messages (or polls) that were accepted; dropped: messages refused, by
     reason; errors: failed polls or connection errors, by kind; reconnects: NATS
-    reconnections.
+    reconnections; connected: whether the source's NATS connection is up now (None for a
+    source that holds no connection); failing: targets (model keys, consumers) whose
+    latest poll failed.
     """
 
     accepted: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
     reconnects: int = 0
+    connected: bool | None = None
+    failing: set[str] = field(default_factory=set)
+
+    @property
+    def up(self) -> bool:
+        """Connected (if it holds a connection) and no target's latest poll failed."""
+        return self.connected is not False and not self.failing
 
     def drop(self, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1

@@ -70,12 +70,13 @@ def pool_for(policy: policy_model.ScalePolicy, profile: profiles.ReplicaProfile
     )
 
 
+# Without a latency guard a policy states no SLO; its default metric is judged against 2 s.
+DEFAULT_SLO_S = 2.0
+
+
 def slo_of(policy: policy_model.ScalePolicy) -> tuple[str, float]:
     guard = policy.spec.signals.p95_latency
-    if guard is None:
-        # Without a latency guard the policy states no SLO; judge TTFT against 2 s.
-        return "ttft", 2.0
-    return guard.metric, guard.slo_seconds
+    return policy.spec.latency_metric, DEFAULT_SLO_S if guard is None else guard.slo_seconds
 
 
 def feasible(trace: traces.Trace, *, profile: profiles.ReplicaProfile, metric: str,

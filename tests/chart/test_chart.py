@@ -428,3 +428,27 @@ def test_rendered_settings_load_into_the_service_settings(tmp_path: Path) -> Non
     # Where the chart does not say otherwise, the code's defaults stand.
     assert loaded.engine == defaults.engine and loaded.audit == defaults.audit
     assert loaded.kube.placeholder.enabled is False
+
+
+def test_push_on_its_own_port_admits_publishers_there_only() -> None:
+    rendered = render({"settings": {"http": {"port": 8080, "push_port": 8081,
+                                             "cert_file": "/tls/http/tls.crt",
+                                             "key_file": "/tls/http/tls.key"}}})
+    (policy,) = rendered["networkpolicy.yaml"]
+    scrapers, publishers, _ = policy["spec"]["ingress"]
+    assert scrapers["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert [p["podSelector"]["matchLabels"] for p in scrapers["from"]] == [
+        {"app.kubernetes.io/name": "prometheus"}]
+    assert publishers["ports"] == [{"port": "push", "protocol": "TCP"}]
+    assert [p["podSelector"]["matchLabels"] for p in publishers["from"]] == [
+        {"scaler.io/publisher": "true"}]
+    (deployment,) = rendered["deployment.yaml"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert {"name": "push", "containerPort": 8081, "protocol": "TCP"} in container["ports"]
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    (service,) = rendered["service.yaml"]
+    assert {"name": "push", "port": 8081, "targetPort": "push", "protocol": "TCP"} in (
+        service["spec"]["ports"])
+    for obj in all_objects(rendered):
+        if obj["apiVersion"] != CERT_MANAGER:
+            kubernetes_validate.validate(obj, KUBE_VERSIONS[-1], strict=True)

@@ -278,6 +278,10 @@ async def test_external_metrics_api_answers_the_hpa(
     start_service: Start, emulator: kube_emulator.KubeEmulator, nats_url: str,
     http: aiohttp.ClientSession, client_ssl: ssl.SSLContext,
 ) -> None:
+    # Authentication is on by default: the HPA's token is reviewed by the API (emulator).
+    emulator.reviews.tokens["hpa-token"] = {"username": "hpa"}
+    emulator.reviews.grants.append(kube_emulator.Grant(subject="hpa", verbs=("list",)))
+    hpa = {"Authorization": "Bearer hpa-token"}
     service = await start_service()
     await publish(nats_url, burst(sources=30, in_flight=5.0))
     await eventually(lambda: replicas(emulator) == 15, what="scaled to 15")
@@ -286,12 +290,15 @@ async def test_external_metrics_api_answers_the_hpa(
            f"{NAMESPACE}/scaler_desired_replicas")
     async with http.get(url, params={"labelSelector": f"model={MODEL}"},
                         ssl=client_ssl) as response:
+        assert response.status == 401  # no credentials
+    async with http.get(url, params={"labelSelector": f"model={MODEL}"}, headers=hpa,
+                        ssl=client_ssl) as response:
         assert response.status == 200
         body = await response.json()
     assert body["kind"] == "ExternalMetricValueList"
     assert [(item["metricLabels"]["tenant"], item["value"]) for item in body["items"]] == [
         ("search", "15")]
-    async with http.get(url, params={"labelSelector": "model=absent"},
+    async with http.get(url, params={"labelSelector": "model=absent"}, headers=hpa,
                         ssl=client_ssl) as response:
         assert response.status == 404
         assert (await response.json())["kind"] == "Status"

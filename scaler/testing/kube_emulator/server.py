@@ -14,6 +14,7 @@ from aiohttp import web
 
 from scaler.actuators import selectors
 from scaler.testing.kube_emulator import patch as patching
+from scaler.testing.kube_emulator import reviews
 from scaler.testing.kube_emulator.store import (
     DEFAULT_TYPES,
     Obj,
@@ -107,7 +108,10 @@ class KubeEmulator:
     def __init__(self, *, clock: Callable[[], float], options: EmulatorOptions | None = None
                  ) -> None:
         self.options = options or EmulatorOptions()
-        self.store = Store(types=self.options.types, clock=clock, history=self.options.history)
+        self.store = Store(types=(*self.options.types, *reviews.TYPES), clock=clock,
+                           history=self.options.history)
+        self.reviews = reviews.Reviews()
+        """TokenReview and SubjectAccessReview answers: tests fill its tables."""
         self.faults: list[Fault] = []
         self.requests: list[RequestRecord] = []
         self._runner: web.AppRunner | None = None
@@ -252,6 +256,10 @@ class KubeEmulator:
     def _dispatch(self, request: web.Request, route: _Route, verb: Verb, body: Any
                   ) -> web.Response:
         store, rtype = self.store, route.rtype
+        if rtype in reviews.TYPES:
+            if verb != "create" or route.name is not None or not isinstance(body, dict):
+                raise StoreError(405, "MethodNotAllowed", f"{rtype.plural} can only be created")
+            return _json(self.reviews.review(rtype, body), 201)
         if verb == "list":
             return _json(self._list(request, route))
         if verb == "create":

@@ -59,6 +59,7 @@ DEFAULT_TYPES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "nodes", "Node", namespaced=False, has_status=True),
     ResourceType("", "v1", "namespaces", "Namespace", namespaced=False, has_status=True),
     ResourceType("", "v1", "events", "Event"),
+    ResourceType("", "v1", "configmaps", "ConfigMap"),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease"),
     ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass",
                  namespaced=False),
