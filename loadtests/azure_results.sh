@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Reproduce the results table of docs/simulation.md: Azure LLM 2023 code and conv traces
-# at 16x the recorded rate, the example 8B policy, all five strategies, seed 1.
+# Reproduce the results table of the README: Azure LLM 2023 code and conv traces
+# at 8x the recorded rate, the example 8B policy, the default strategies, seed 1.
 # Usage: loadtests/azure_results.sh [OUT_DIR]   (needs ../shared/traces beside the repo)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -10,6 +10,6 @@ mkdir -p "$out"
 for name in code conv; do
   "$repo/.venv/bin/scaler" simulate \
     --trace "$traces/AzureLLMInferenceTrace_${name}.csv" \
-    --policy "$repo/config/llama-8b.yaml" --rate-scale 16 --seed 1 \
-    --json "$out/azure_${name}_x16.json" --report "$out/azure_${name}_x16.html"
+    --policy "$repo/config/llama-8b.yaml" --rate-scale 8 --seed 1 \
+    --json "$out/azure_${name}_x8.json" --report "$out/azure_${name}_x8.html"
 done
