@@ -75,7 +75,8 @@ def service_settings_for(options: scenario.DemoOptions, *, nats_url: str
         "policies": service_settings.PolicySettings(
             paths=[options.policy], reload_poll_seconds=POLICY_POLL_S / options.speed),
         # No Prometheus in the demo: a closed loopback port, so a policy's Prometheus
-        # source fails fast (logged at debug) instead of querying whatever runs on 9090.
+        # source fails fast instead of querying whatever runs on 9090 (its warnings are
+        # silenced in cli.main).
         "prometheus": base.prometheus.model_copy(
             update={"url": f"http://127.0.0.1:{nats_server.free_port()}"}),
         "log": service_settings.LogSettings(level=options.log_level, format="text"),
