@@ -227,8 +227,9 @@ class Service:
 
     async def _certificate(self) -> tls.CertificatePair:
         group = self.settings.metrics_api
-        if group.cert_file is not None and group.key_file is not None:
-            return tls.CertificatePair(cert_file=group.cert_file, key_file=group.key_file)
+        given = group.tls_pair()
+        if given is not None:
+            return given
         self._cert_dir = Path(tempfile.mkdtemp(prefix="scaler-tls-"))
         log.warning("external metrics API: no certificate given, using a self-signed one "
                     "(development only)")

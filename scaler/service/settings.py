@@ -51,6 +51,16 @@ class NatsSettings(connection.NatsSettings):
     _split = field_validator("servers", mode="before")(core_settings.split_commas)
 
 
+def tls_pair(cert_file: Path | None, key_file: Path | None) -> tls.CertificatePair | None:
+    """The PEM pair a settings group names, None when it names none; one without the other
+    is an error (both TLS-serving groups validate through this)."""
+    if (cert_file is None) != (key_file is None):
+        raise ValueError("cert_file and key_file go together")
+    if cert_file is None or key_file is None:
+        return None
+    return tls.CertificatePair(cert_file=cert_file, key_file=key_file)
+
+
 class HttpSettings(core_settings.Group):
     """The plain HTTP port: /metrics, /healthz, /readyz, /v1/... (decisions, signal push)."""
 
@@ -85,14 +95,11 @@ class HttpSettings(core_settings.Group):
 
     @model_validator(mode="after")
     def _pair(self) -> HttpSettings:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("cert_file and key_file go together")
+        tls_pair(self.cert_file, self.key_file)
         return self
 
     def tls_pair(self) -> tls.CertificatePair | None:
-        if self.cert_file is None or self.key_file is None:
-            return None
-        return tls.CertificatePair(cert_file=self.cert_file, key_file=self.key_file)
+        return tls_pair(self.cert_file, self.key_file)
 
 
 class MetricsApiSettings(core_settings.Group):
@@ -134,9 +141,11 @@ class MetricsApiSettings(core_settings.Group):
 
     @model_validator(mode="after")
     def _pair(self) -> MetricsApiSettings:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("cert_file and key_file go together")
+        tls_pair(self.cert_file, self.key_file)
         return self
+
+    def tls_pair(self) -> tls.CertificatePair | None:
+        return tls_pair(self.cert_file, self.key_file)
 
 
 class EngineSettings(core_settings.Group):
