@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scaler.actuators import base, cluster_reader, events, replicas  # noqa: E402
 from scaler.actuators import settings as kube_settings  # noqa: E402
+from scaler.emulator import env as kube_env  # noqa: E402
 from scaler.engine import types  # noqa: E402
 from scaler.policy import model  # noqa: E402
-from scaler.testing.kube_emulator import env as kube_env  # noqa: E402
 
 
 def policy(namespace: str, name: str) -> model.ScalePolicy:

@@ -33,9 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import nats  # noqa: E402
 
+from scaler import emulator as kube_emulator
 from scaler.actuators import settings as kube_settings  # noqa: E402
 from scaler.service import runner, settings  # noqa: E402
-from scaler.testing import kube_emulator, nats_server  # noqa: E402
+from scaler.testing import nats_server  # noqa: E402
 
 NAMESPACE = "bench"
 BASE_IN_FLIGHT = 50.0  # -> 5 replicas at 10 per replica

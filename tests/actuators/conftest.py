@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from scaler.testing.kube_emulator import env as kube_env
+from scaler.emulator import env as kube_env
 
 REAL_CLUSTER = os.environ.get("SCALER_TEST_KUBECONFIG")
 

@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from scaler.actuators import cluster_reader, selectors
+from scaler.emulator import ControllerSettings, EmulatorController, Fault
+from scaler.emulator.env import KubeTestEnv, ManualClock
 from scaler.engine import types
 from scaler.policy import model
-from scaler.testing.kube_emulator import ControllerSettings, EmulatorController, Fault
-from scaler.testing.kube_emulator.env import KubeTestEnv, ManualClock
 
 from .factories import make_policy
 

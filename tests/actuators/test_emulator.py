@@ -11,8 +11,8 @@ from kubernetes_asyncio import client, watch
 
 from scaler.actuators import client as kube
 from scaler.actuators import settings as kube_settings
-from scaler.testing.kube_emulator import EmulatorOptions, Fault, KubeEmulator
-from scaler.testing.kube_emulator.env import ManualClock
+from scaler.emulator import EmulatorOptions, Fault, KubeEmulator
+from scaler.emulator.env import ManualClock
 
 pytestmark = [pytest.mark.kube, pytest.mark.emulator_only]
 

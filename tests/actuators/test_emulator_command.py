@@ -1,4 +1,4 @@
-"""`python -m scaler.testing.kube_emulator`: the emulator served by hand, outside `scaler`."""
+"""`python -m scaler.emulator`: the emulator served by hand, outside `scaler`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from scaler.testing import free_port
 def test_the_emulator_command_serves_the_api_until_interrupted() -> None:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "scaler.testing.kube_emulator", "--port", str(port)],
+        [sys.executable, "-m", "scaler.emulator", "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None

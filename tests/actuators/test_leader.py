@@ -8,7 +8,7 @@ import pytest
 
 from scaler.actuators import base, events, leader, replicas
 from scaler.actuators import settings as kube_settings
-from scaler.testing.kube_emulator.env import KubeTestEnv, ManualClock
+from scaler.emulator.env import KubeTestEnv, ManualClock
 
 from .factories import make_decision, make_policy
 

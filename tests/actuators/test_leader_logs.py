@@ -8,8 +8,8 @@ import pytest
 
 from scaler.actuators import leader
 from scaler.actuators import settings as kube_settings
-from scaler.testing.kube_emulator import Fault
-from scaler.testing.kube_emulator.env import KubeTestEnv, ManualClock
+from scaler.emulator import Fault
+from scaler.emulator.env import KubeTestEnv, ManualClock
 
 pytestmark = [pytest.mark.kube, pytest.mark.emulator_only]
 

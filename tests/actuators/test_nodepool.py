@@ -6,9 +6,9 @@ import pytest
 
 from scaler.actuators import base, nodepool
 from scaler.actuators import settings as kube_settings
+from scaler.emulator.env import KubeTestEnv
 from scaler.engine import types
 from scaler.policy import model
-from scaler.testing.kube_emulator.env import KubeTestEnv
 
 pytestmark = pytest.mark.kube
 

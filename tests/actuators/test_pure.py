@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from scaler.actuators import resources, selectors, timeline
+from scaler.emulator import patch
 from scaler.engine import types
-from scaler.testing.kube_emulator import patch
 
 
 @pytest.mark.parametrize(

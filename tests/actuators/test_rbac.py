@@ -12,9 +12,9 @@ import pytest
 
 from scaler.actuators import base, cluster_reader, events, leader, nodepool, rbac, replicas, wiring
 from scaler.actuators import settings as kube_settings
+from scaler.emulator.env import KubeTestEnv, ManualClock
 from scaler.engine import types
 from scaler.policy import model
-from scaler.testing.kube_emulator.env import KubeTestEnv, ManualClock
 
 from .factories import make_decision, make_policy
 

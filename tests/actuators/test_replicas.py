@@ -8,8 +8,8 @@ import pytest
 
 from scaler.actuators import base, client, events, replicas, resources
 from scaler.actuators import settings as kube_settings
-from scaler.testing.kube_emulator import Fault
-from scaler.testing.kube_emulator.env import KubeTestEnv, ManualClock
+from scaler.emulator import Fault
+from scaler.emulator.env import KubeTestEnv, ManualClock
 
 from .factories import make_decision, make_policy
 

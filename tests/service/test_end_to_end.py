@@ -22,11 +22,12 @@ import nats
 import pytest
 
 from scaler import cli, testing
+from scaler import emulator as kube_emulator
 from scaler.actuators import base as actuators
 from scaler.actuators import settings as kube_settings
 from scaler.core import backoff as core_backoff
 from scaler.service import runner, settings, tls
-from scaler.testing import kube_emulator, nats_server
+from scaler.testing import nats_server
 
 from . import fakes
 

@@ -22,12 +22,12 @@ import multidict
 import pytest
 from prometheus_client import exposition
 
+from scaler import emulator as kube_emulator
 from scaler.actuators import authn as delegated
 from scaler.actuators import client as kube
 from scaler.actuators import settings as kube_settings
 from scaler.service import authn, metrics_api, observability, tls, web
 from scaler.service import state as service_state
-from scaler.testing import kube_emulator
 
 from . import factories, k8s_schema, pki
 from .conftest import FakeClock

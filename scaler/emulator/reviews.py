@@ -9,7 +9,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 
-from scaler.testing.kube_emulator.store import Obj, ResourceType, StoreError
+from scaler.emulator.store import Obj, ResourceType, StoreError
 
 TOKEN_REVIEWS = ResourceType("authentication.k8s.io", "v1", "tokenreviews", "TokenReview",
                              namespaced=False)

@@ -1,4 +1,4 @@
-"""`python -m scaler.testing.kube_emulator`: serve the Kubernetes API emulator on loopback.
+"""`python -m scaler.emulator`: serve the Kubernetes API emulator on loopback.
 
 For trying the service by hand without a cluster: point `kube.host` at the printed URL.
 It is test infrastructure, so it is not a `scaler` subcommand.
@@ -13,12 +13,12 @@ import sys
 import time
 from collections.abc import Sequence
 
-from scaler.testing.kube_emulator import controller, server
+from scaler.emulator import controller, server
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m scaler.testing.kube_emulator",
+        prog="python -m scaler.emulator",
         description="Serve the Kubernetes API emulator on 127.0.0.1 until interrupted.")
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--controller", action="store_true",

@@ -13,9 +13,9 @@ from typing import Any
 from aiohttp import web
 
 from scaler.actuators import selectors
-from scaler.testing.kube_emulator import patch as patching
-from scaler.testing.kube_emulator import reviews
-from scaler.testing.kube_emulator.store import (
+from scaler.emulator import patch as patching
+from scaler.emulator import reviews
+from scaler.emulator.store import (
     DEFAULT_TYPES,
     Obj,
     ResourceType,

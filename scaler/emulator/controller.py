@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from scaler.actuators import selectors, timeline
 from scaler.actuators.timefmt import parse_time, rfc3339
-from scaler.testing.kube_emulator.server import KubeEmulator
-from scaler.testing.kube_emulator.store import Obj, StoreError
+from scaler.emulator.server import KubeEmulator
+from scaler.emulator.store import Obj, StoreError
 
 
 @dataclass(frozen=True, slots=True)

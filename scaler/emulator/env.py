@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from scaler.actuators import client as kube
 from scaler.actuators import settings as kube_settings
 from scaler.actuators import timefmt
-from scaler.testing.kube_emulator.server import EmulatorOptions, KubeEmulator
+from scaler.emulator.server import EmulatorOptions, KubeEmulator
 
 
 @dataclass(slots=True)
