@@ -78,6 +78,7 @@ async def run_one(models: int, *, probes: int, interval: float, nats_url: str) -
     emulator = kube_emulator.KubeEmulator(clock=time.time)
     await emulator.start()
     deployments = emulator.resource("apps", "deployments")
+    emulator.ensure_namespace(NAMESPACE)  # Events go there; a missing namespace is a 404
     for index in range(models):
         emulator.store.create(deployments, NAMESPACE, {
             "metadata": {"name": name(index)},

@@ -12,7 +12,7 @@ from typing import Any
 import scaler
 from scaler.actuators import cli as kube_cli
 from scaler.demo import cli as demo_cli
-from scaler.demo import nats_server
+from scaler.demo import local_cli, nats_server
 from scaler.policy import cli as policy_cli
 from scaler.service import cli as service_cli
 
@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     _register_simulate(subparsers)
     for module in (service_cli, demo_cli, kube_cli):
         module.register(subparsers)
+    local_cli.register(subparsers.choices["run"])  # `scaler run --local` (demo layer)
     return parser
 
 

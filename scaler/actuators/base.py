@@ -15,7 +15,9 @@ class Outcome(enum.StrEnum):
 
     APPLIED = "applied"  # the change was written
     UNCHANGED = "unchanged"  # desired equals what the cluster has: nothing was written
-    CONFLICT = "conflict"  # the object changed under us: re-read and re-decide
+    # spec.replicas changed under us (another writer): re-read and re-decide. A write of
+    # status alone (a controller's, moving only the resourceVersion) is never a conflict.
+    CONFLICT = "conflict"
     SKIPPED_HPA_OWNED = "skipped_hpa_owned"  # an HPA or KEDA ScaledObject owns the target
     NOT_LEADER = "not_leader"  # another replica holds the Lease: only the leader writes
     DRY_RUN = "dry_run"  # computed and logged; nothing was written

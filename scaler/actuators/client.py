@@ -22,6 +22,7 @@ Obj = dict[str, Any]
 Sleep = Callable[[float], Awaitable[None]]
 
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 _RETRYABLE = frozenset({429, 500, 502, 503, 504})
 
 
@@ -117,7 +118,8 @@ class KubeApi:
             raise _error(exc.status, exc.body, exc.headers) from None
         except (TimeoutError, aiohttp.ClientError) as exc:
             # No answer, or half of one: the write may or may not have happened, so callers
-            # rely on resourceVersion preconditions to make the retry safe.
+            # rely on preconditions (a resourceVersion, a JSON patch `test`) to make the
+            # retry safe.
             raise KubeError(0, type(exc).__name__, str(exc) or "timeout") from None
         return result if isinstance(result, dict) else {}
 
@@ -148,6 +150,11 @@ class KubeApi:
     async def merge_patch(self, path: str, patch: Obj) -> Obj:
         """JSON merge patch: works for every kind, CRDs included (strategic merge does not)."""
         return await self.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+
+    async def json_patch(self, path: str, operations: list[Obj]) -> Obj:
+        """RFC 6902 JSON patch: operations applied in order, all or none; a failed `test`
+        operation refuses the whole patch with 422 Invalid."""
+        return await self.request("PATCH", path, body=operations, content_type=JSON_PATCH)
 
     async def watch(self, path: str, *, query: dict[str, str]) -> AsyncGenerator[Obj, None]:
         """Stream a watch's events (one JSON object a line) until the server ends it.

@@ -6,7 +6,7 @@ import hashlib
 import json
 import logging
 
-from scaler.actuators import base, timeline
+from scaler.actuators import base, replicas, timeline
 from scaler.actuators import client as kube
 from scaler.actuators import settings as kube_settings
 from scaler.engine import types
@@ -111,25 +111,37 @@ class PlaceholderActuator(_PoolActuator):
                 return outcome(kind, 0, f"create failed: {create_error}")
             return outcome(base.Outcome.APPLIED, 0,
                            f"created with {plan.placeholder_pods} placeholder pods")
-        replicas = int((current.get("spec") or {}).get("replicas") or 0)
+        current_pods = replicas.spec_replicas(current)
         digest = ((current.get("metadata") or {}).get("annotations") or {}).get(HASH_ANNOTATION)
-        if replicas == plan.placeholder_pods and digest == want["metadata"]["annotations"][
-                HASH_ANNOTATION]:
-            return outcome(base.Outcome.UNCHANGED, replicas, "already as planned")
+        wanted_digest = want["metadata"]["annotations"][HASH_ANNOTATION]
+        if current_pods == plan.placeholder_pods and digest == wanted_digest:
+            return outcome(base.Outcome.UNCHANGED, current_pods, "already as planned")
         if self.settings.dry_run:
-            return outcome(base.Outcome.DRY_RUN, replicas,
-                           f"would set {replicas} -> {plan.placeholder_pods} placeholder pods")
-        # One merge patch carries replicas and template together: never half of a change.
-        patch = {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"],
-                              "annotations": want["metadata"]["annotations"]},
-                 "spec": {"replicas": plan.placeholder_pods, "template": want["spec"]["template"]}}
-        try:
-            await self.api.merge_patch(path, patch)
-        except kube.KubeError as error:
-            kind = base.Outcome.CONFLICT if error.conflict else base.Outcome.FAILED
-            return outcome(kind, replicas, f"patch failed: {error}")
-        log.info("placeholders of pool %s: %d -> %d", pool.name, replicas, plan.placeholder_pods)
-        return outcome(base.Outcome.APPLIED, replicas, "; ".join(plan.reasons) or "resized")
+            return outcome(base.Outcome.DRY_RUN, current_pods,
+                           f"would set {current_pods} -> {plan.placeholder_pods} placeholder pods")
+        # One JSON patch carries replicas and template together (never half of a change),
+        # guarded by spec.replicas as read, not by the resourceVersion the deployment
+        # controller moves with every status write.
+        template: tuple[kube.Obj, ...] = ()
+        if digest != wanted_digest:
+            template = ({"op": "add", "path": "/spec/template", "value": want["spec"]["template"]},
+                        _annotation_op(current, HASH_ANNOTATION, wanted_digest))
+        written = await replicas.guarded_patch(self.api, path, read=current,
+                                               replicas=plan.placeholder_pods, also=template)
+        if written.outcome is not base.Outcome.APPLIED:
+            return outcome(written.outcome, written.current, written.reason)
+        log.info("placeholders of pool %s: %d -> %d", pool.name, current_pods,
+                 plan.placeholder_pods)
+        return outcome(base.Outcome.APPLIED, current_pods, "; ".join(plan.reasons) or "resized")
+
+
+def _annotation_op(obj: kube.Obj, key: str, value: str) -> kube.Obj:
+    """A JSON patch op setting one annotation, keeping the others (the deployment controller
+    keeps its revision there); `/` in the key is `~1` in a JSON pointer."""
+    if isinstance((obj.get("metadata") or {}).get("annotations"), dict):
+        pointer = key.replace("~", "~0").replace("/", "~1")
+        return {"op": "add", "path": f"/metadata/annotations/{pointer}", "value": value}
+    return {"op": "add", "path": "/metadata/annotations", "value": {key: value}}
 
 
 def _annotation_int(annotations: dict[str, str], key: str) -> int | None:
@@ -191,12 +203,12 @@ class ClusterApiActuator(_PoolActuator):
             return outcome(base.Outcome.UNCHANGED, reason or "already as planned")
         if self.settings.dry_run:
             return outcome(base.Outcome.DRY_RUN, f"would set {current} -> {desired}; {reason}")
-        version = str(machine_deployment["metadata"]["resourceVersion"])
-        try:
-            await self.api.merge_patch(f"{path}/scale", {
-                "metadata": {"resourceVersion": version}, "spec": {"replicas": desired}})
-        except kube.KubeError as error:
-            kind = base.Outcome.CONFLICT if error.conflict else base.Outcome.FAILED
-            return outcome(kind, f"patch failed: {error}")
+        # The patch goes to `/scale` (RBAC grants patch there only), so its test is written
+        # against the Scale this read stands for, which omits replicas when 0.
+        scale = {"spec": {"replicas": current} if current else {}}
+        written = await replicas.guarded_patch(self.api, f"{path}/scale", read=scale,
+                                               replicas=desired, read_path=path)
+        if written.outcome is not base.Outcome.APPLIED:
+            return outcome(written.outcome, written.reason)
         log.info("machines of pool %s: %d -> %d (%s)", pool.name, current, desired, reason)
         return outcome(base.Outcome.APPLIED, reason or f"{current} -> {desired}")

@@ -26,22 +26,96 @@ class _Owners:
     refs: tuple[tuple[str, dict[str, object]], ...]
 
 
-def scale_patch(*, replicas: int, resource_version: str) -> kube.Obj:
-    """The merge patch for `/scale`: the replicas, guarded by the version we read.
+def spec_replicas(obj: kube.Obj) -> int:
+    """`spec.replicas` of a Scale or a workload; a real Scale omits the field when it is 0."""
+    return int((obj.get("spec") or {}).get("replicas") or 0)
 
-    With the resourceVersion in the body the API server refuses (409) a write based on a
-    stale read, so two writers can never both apply a change computed from the same value.
+
+def replicas_test(read: kube.Obj) -> kube.Obj:
+    """The JSON patch `test` that `spec.replicas` is still what `read` holds.
+
+    A Scale read with 0 replicas has `spec: {}` (the field is omitempty), and a test of a
+    missing path fails even against the value 0; a Scale's spec has no field but replicas,
+    so there the whole spec read is tested instead.
     """
-    return {"metadata": {"resourceVersion": resource_version}, "spec": {"replicas": replicas}}
+    spec = read.get("spec") or {}
+    if "replicas" in spec:
+        return {"op": "test", "path": "/spec/replicas", "value": spec["replicas"]}
+    return {"op": "test", "path": "/spec", "value": spec}
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What a guarded write did (APPLIED, CONFLICT or FAILED), with spec.replicas
+    as the write found it and a one-line reason."""
+
+    outcome: base.Outcome
+    current: int
+    reason: str = ""
+
+
+def replicas_patch(*, read: kube.Obj, replicas: int,
+                   also: tuple[kube.Obj, ...] = ()) -> list[kube.Obj]:
+    """The JSON patch that sets `replicas` (and `also`) only if spec.replicas is as read:
+    `[{"op": "test", "path": "/spec/replicas", "value": 2},
+      {"op": "add", "path": "/spec/replicas", "value": 5}]`.
+
+    The precondition is what the decision depends on and nothing more. The object's
+    resourceVersion would also refuse the write after a status-only change, and the
+    deployment controller writes status a few milliseconds after every create and scale,
+    so every second change would be a false conflict. The API server checks the `test`
+    against the object as stored when it applies the patch (with no resourceVersion in
+    the body it retries its own storage conflicts), so only a change of spec.replicas
+    between our read and our write refuses it, and a refused patch changes nothing.
+    `add` sets the member whether or not the read object omitted it.
+    """
+    return [replicas_test(read), {"op": "add", "path": "/spec/replicas", "value": replicas},
+            *also]
+
+
+async def guarded_patch(api: kube.KubeApi, path: str, *, read: kube.Obj, replicas: int,
+                        also: tuple[kube.Obj, ...] = (), read_path: str | None = None
+                        ) -> Written:
+    """Send `replicas_patch` to `path` and classify the answer.
+
+    `read` is the object as `path` shows it (a Scale for `/scale`); `read_path` is where
+    spec.replicas is read again after a refusal (default `path`). The API server answers a
+    failed test with 422 Invalid ("the server rejected our request due to an error in our
+    request"), as it does an invalid value; the re-read tells them apart: spec.replicas
+    moved -> CONFLICT (another writer, or an earlier attempt of this write that landed
+    before a timeout and its retry: either way the caller re-decides from the new value);
+    not moved -> FAILED with the server's reason. A 409 is CONFLICT too (no
+    resourceVersion is sent, so only a proxy or an injected fault sends one).
+    """
+    before = spec_replicas(read)
+    try:
+        await api.json_patch(path, replicas_patch(read=read, replicas=replicas, also=also))
+    except kube.KubeError as error:
+        if error.status != 422 and not error.conflict:
+            return Written(base.Outcome.FAILED, before, f"patch failed: {error}")
+        try:
+            now = spec_replicas(await api.get(read_path or path))
+        except kube.KubeError as read_error:
+            return Written(base.Outcome.FAILED, before,
+                           f"patch refused ({error}); re-read failed: {read_error}")
+        if now != before:
+            return Written(base.Outcome.CONFLICT, now,
+                           f"spec.replicas changed since it was read ({before} -> {now}): "
+                           "another writer; re-decide")
+        if error.conflict:
+            return Written(base.Outcome.CONFLICT, now, f"patch refused ({error}): re-decide")
+        return Written(base.Outcome.FAILED, before, f"patch refused: {error}")
+    return Written(base.Outcome.APPLIED, before)
 
 
 class KubeReplicaActuator:
     """Implements `base.ReplicaActuator` against the Kubernetes API.
 
     Flow per decision: leader? -> owned by an HPA/KEDA? -> GET /scale -> the decision was
-    made on what the cluster still has? -> anything to change? -> dry-run? -> PATCH with a
-    resourceVersion precondition -> Event. A 409 is handed back as CONFLICT with the fresh
-    value, so the caller re-decides: a blind retry would write a stale decision.
+    made on what the cluster still has? -> anything to change? -> dry-run? -> JSON PATCH
+    guarded by a test of spec.replicas (`guarded_patch`) -> Event. Another writer's change
+    is handed back as CONFLICT with the fresh value, so the caller re-decides: a blind
+    retry would write a stale decision.
     """
 
     def __init__(self, api: kube.KubeApi, *, settings: kube_settings.KubeSettings,
@@ -113,8 +187,7 @@ class KubeReplicaActuator:
             scale = await self.api.get(ref.scale_path)
         except kube.KubeError as error:
             return outcome(base.Outcome.FAILED, None, f"cannot read scale: {error}")
-        current = int((scale.get("spec") or {}).get("replicas") or 0)
-        version = str(scale["metadata"]["resourceVersion"])
+        current = spec_replicas(scale)
         if current != decision.current:
             return outcome(base.Outcome.CONFLICT, current,
                            f"spec.replicas is {current}, the decision assumed "
@@ -127,19 +200,10 @@ class KubeReplicaActuator:
             return outcome(base.Outcome.DRY_RUN, current, decision.summary)
         if not self.leader.is_leader:  # leadership may have lapsed during the reads
             return outcome(base.Outcome.NOT_LEADER, current, "lost leadership before writing")
-        try:
-            await self.api.merge_patch(
-                ref.scale_path, scale_patch(replicas=decision.desired, resource_version=version))
-        except kube.KubeError as error:
-            if not error.conflict:
-                return outcome(base.Outcome.FAILED, current, f"patch failed: {error}")
-            try:
-                fresh = await self.api.get(ref.scale_path)
-                current = int((fresh.get("spec") or {}).get("replicas") or 0)
-            except kube.KubeError:
-                pass
-            return outcome(base.Outcome.CONFLICT, current,
-                           f"{ref.key} changed since it was read (now {current}): re-decide")
+        written = await guarded_patch(self.api, ref.scale_path, read=scale,
+                                      replicas=decision.desired)
+        if written.outcome is not base.Outcome.APPLIED:
+            return outcome(written.outcome, written.current, written.reason)
         log.info("scaled %s %d -> %d: %s", ref.key, current, decision.desired, decision.summary)
         await self.recorder.record(
             ref, reason="ScaledUp" if decision.desired > current else "ScaledDown",

@@ -42,6 +42,24 @@ class KubeAdapters:
         await self.api.api_client.close()
 
 
+DRY_RUN_LEASE_SUFFIX = "-dry-run"
+
+
+def election(settings: kube_settings.KubeSettings) -> kube_settings.LeaseSettings:
+    """The Lease this instance elects on: `lease.name`, or `<lease.name>-dry-run` in dry-run.
+
+    A dry-run instance beside a live one must never hold the live replicas' Lease: while
+    it did, the live leader stopped scaling (it would wait out 15 s of a Lease it cannot
+    renew, then race for it again). With a Lease of their own, dry-run replicas still elect
+    one of themselves, so a dry-run Deployment of 2 logs each would-be patch once, as the
+    live one would apply it once; the same Role covers both names (no resourceNames).
+    """
+    if not settings.dry_run:
+        return settings.lease
+    return settings.lease.model_copy(
+        update={"name": f"{settings.lease.name}{DRY_RUN_LEASE_SUFFIX}"})
+
+
 async def connect(settings: kube_settings.KubeSettings, *, identity: str,
                   wall_clock: timefmt.WallClock) -> KubeAdapters:
     """One ApiClient and every adapter over it. With `lease.enabled` false this replica
@@ -50,7 +68,7 @@ async def connect(settings: kube_settings.KubeSettings, *, identity: str,
     api = kube.KubeApi(api_client, timeout_s=settings.request_timeout_s, retry=settings.retry)
     elector: base.LeaderElector
     if settings.lease.enabled:
-        elector = leader.LeaseElector(api, settings=settings.lease, identity=identity,
+        elector = leader.LeaseElector(api, settings=election(settings), identity=identity,
                                       wall_clock=wall_clock)
     else:
         elector = base.AlwaysLeader(identity)

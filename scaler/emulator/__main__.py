@@ -31,7 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    emulator = server.KubeEmulator(clock=time.time)
+    # As a cluster: the deployment controller writes status after every spec change.
+    emulator = server.KubeEmulator(clock=time.time,
+                                   options=server.EmulatorOptions(status_writer=True))
     url = await emulator.start(port=args.port)
     try:
         print(f"Kubernetes API emulator on {url} (kubeconfig server: {url})", flush=True)

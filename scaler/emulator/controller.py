@@ -9,8 +9,12 @@ from dataclasses import dataclass
 
 from scaler.actuators import selectors, timeline
 from scaler.actuators.timefmt import parse_time, rfc3339
+from scaler.emulator import deployments
 from scaler.emulator.server import KubeEmulator
 from scaler.emulator.store import Obj, StoreError
+
+SCHEDULER = "kube-scheduler"
+KUBELET = "kubelet"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,9 +37,11 @@ class EmulatorController:
     Call `reconcile()` for one deterministic pass (tests with a fake clock), or `run()` as
     a background task. Pods land on a Ready, schedulable node with enough free extended
     resources (GPUs); when the store holds no nodes at all, they land on a virtual node.
+    Deployment status then counts these pods (also in the emulator's status writer).
     """
 
     def __init__(self, emulator: KubeEmulator, settings: ControllerSettings) -> None:
+        emulator.pods_run = True
         self.emulator = emulator
         self.settings = settings
         self._pods = emulator.resource("", "pods")
@@ -59,11 +65,7 @@ class EmulatorController:
                 self._status(deployment)
 
     def _owned(self, deployment: Obj) -> list[Obj]:
-        uid = deployment["metadata"]["uid"]
-        return [
-            p for p in self.emulator.store.list(self._pods, deployment["metadata"]["namespace"])
-            if any(o.get("uid") == uid for o in p["metadata"].get("ownerReferences") or [])
-        ]
+        return deployments.owned_pods(self.emulator.store, self._pods, deployment)
 
     def _reconcile_deployment(self, deployment: Obj) -> None:
         store = self.emulator.store
@@ -83,7 +85,7 @@ class EmulatorController:
             store.create(self._pods, meta["namespace"], {
                 "metadata": pod_meta, "spec": dict(template.get("spec") or {}),
                 "status": {"phase": "Pending"},
-            })
+            }, manager=deployments.MANAGER)
         if len(pods) > want:
             # Remove the least useful first, as the ReplicaSet controller does: not ready,
             # then the newest.
@@ -140,16 +142,18 @@ class EmulatorController:
                                        "lastTransitionTime": rfc3339(now)})
                     status["conditions"] = conditions
                     store.update(self._pods, meta["namespace"], meta["name"],
-                                 {**pod, "status": status}, subresource="status")
+                                 {**pod, "status": status}, subresource="status",
+                                 manager=SCHEDULER)
                 return
             conditions = [c for c in conditions if c.get("type") != "PodScheduled"]
             conditions.append({"type": "PodScheduled", "status": "True",
                                "lastTransitionTime": rfc3339(now)})
             pod = {**pod, "spec": {**(pod.get("spec") or {}), "nodeName": node}}
-            pod = store.update(self._pods, meta["namespace"], meta["name"], pod)
+            pod = store.update(self._pods, meta["namespace"], meta["name"], pod,
+                               manager=SCHEDULER)
             status["conditions"] = conditions
             store.update(self._pods, meta["namespace"], meta["name"],
-                         {**pod, "status": status}, subresource="status")
+                         {**pod, "status": status}, subresource="status", manager=SCHEDULER)
             return
         scheduled_at = parse_time(scheduled.get("lastTransitionTime")) or now
         containers = (pod.get("spec") or {}).get("containers") or []
@@ -173,19 +177,7 @@ class EmulatorController:
                 changed = True
         if changed:
             store.update(self._pods, meta["namespace"], meta["name"], {**pod, "status": status},
-                         subresource="status")
+                         subresource="status", manager=KUBELET)
 
     def _status(self, deployment: Obj) -> None:
-        pods = self._owned(deployment)
-        ready = sum(1 for p in pods if timeline.is_true(p, "Ready"))
-        selector = selectors.from_label_selector(
-            (deployment.get("spec") or {}).get("selector") or {})
-        status = {
-            "observedGeneration": deployment["metadata"].get("generation", 1),
-            "replicas": len(pods), "updatedReplicas": len(pods), "readyReplicas": ready,
-            "availableReplicas": ready, "selector": str(selector),
-        }
-        if deployment.get("status") != status:
-            meta = deployment["metadata"]
-            self.emulator.store.update(self._deployments, meta["namespace"], meta["name"],
-                                       {**deployment, "status": status}, subresource="status")
+        deployments.write_status(self.emulator.store, deployment, pods=self._owned(deployment))

@@ -74,12 +74,18 @@ class KubeTestEnv:
 async def kube_test_env(*, kubeconfig: str | None, wall_clock: timefmt.WallClock,
                         options: EmulatorOptions | None = None,
                         timeout_s: float = 5.0) -> AsyncIterator[KubeTestEnv]:
-    """Start the emulator (or use `kubeconfig`), create a namespace; remove both after."""
+    """Start the emulator (or use `kubeconfig`), create a namespace; remove both after.
+
+    Without `options` the emulator runs with the deployment controller's status writes on
+    (`EmulatorOptions(status_writer=True)`), so tests meet a second writer, as in a real
+    cluster.
+    """
     emulator: KubeEmulator | None = None
     if kubeconfig:
         settings = kube_settings.KubeSettings(kubeconfig=kubeconfig, request_timeout_s=timeout_s)
     else:
-        emulator = KubeEmulator(clock=wall_clock, options=options)
+        emulator = KubeEmulator(clock=wall_clock,
+                                options=options or EmulatorOptions(status_writer=True))
         settings = kube_settings.KubeSettings(host=await emulator.start(),
                                               request_timeout_s=timeout_s)
     api_client = await kube.make_api_client(settings)

@@ -14,6 +14,10 @@ class PatchError(ValueError):
     """The patch cannot be applied; the server answers 422 Unprocessable Entity."""
 
 
+class PatchFormatError(PatchError):
+    """The patch is not a patch at all (not a list of operations): 400 Bad Request."""
+
+
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386: objects merge key by key, `null` deletes, anything else replaces."""
     if not isinstance(patch, dict):
@@ -29,7 +33,7 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 # patchMergeKey of the list fields the emulated types use (from the Kubernetes OpenAPI
 # `x-kubernetes-patch-merge-key`); lists not named here are replaced, as for CRDs.
-_MERGE_KEYS = {
+MERGE_KEYS = {
     "containers": "name",
     "initContainers": "name",
     "env": "name",
@@ -67,8 +71,8 @@ def _strategic(target: Any, patch: Any, *, field: str | None) -> Any:
             else:
                 result[key] = _strategic(result.get(key), value, field=key)
         return result
-    if isinstance(patch, list) and field in _MERGE_KEYS and isinstance(target, list):
-        return _merge_list(target, patch, key=_MERGE_KEYS[field], field=field)
+    if isinstance(patch, list) and field in MERGE_KEYS and isinstance(target, list):
+        return _merge_list(target, patch, key=MERGE_KEYS[field], field=field)
     return copy.deepcopy(patch)
 
 
@@ -161,11 +165,12 @@ def _add(doc: Any, parts: list[str], value: Any, *, replace: bool) -> Any:
 def json_patch(target: Any, operations: Any) -> Any:
     """RFC 6902: add, remove, replace, move, copy and test, applied in order, all or nothing."""
     if not isinstance(operations, list):
-        raise PatchError("a JSON patch is a list of operations")
+        raise PatchFormatError("json: cannot unmarshal object into Go value of type "
+                               "jsonpatch.Patch")
     doc = copy.deepcopy(target)
     for op in operations:
         if not isinstance(op, dict) or "op" not in op or "path" not in op:
-            raise PatchError(f"malformed operation {op!r}")
+            raise PatchFormatError(f"malformed operation {op!r}")
         parts = _pointer(op["path"])
         kind = op["op"]
         if kind == "add":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import secrets
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -11,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scaler.actuators.timefmt import rfc3339
-
-Obj = dict[str, Any]
+from scaler.emulator import apierrors, defaults, fields
+from scaler.emulator.apierrors import Obj as Obj
+from scaler.emulator.apierrors import StoreError as StoreError
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +24,10 @@ class ResourceType:
     scale_spec / scale_status / scale_selector: dotted paths that the `/scale`
     subresource maps (as a CRD's `subresources.scale` declares them); None = no `/scale`.
     builtin: strategic merge patch is accepted only for built-in types (CRDs answer 415).
+    generation: the type keeps `metadata.generation` (bumped on spec changes only); Leases,
+    Pods, Events and ConfigMaps have none on a real server.
+    unconditional_update: a PUT without `metadata.resourceVersion` is accepted (false for
+    Leases and custom resources, whose strategies demand it: 422).
     """
 
     group: str
@@ -34,6 +40,8 @@ class ResourceType:
     scale_status: str | None = None
     scale_selector: str | None = None
     builtin: bool = True
+    generation: bool = False
+    unconditional_update: bool = True
 
     @property
     def api_version(self) -> str:
@@ -44,12 +52,15 @@ class ResourceType:
         return (self.group, self.plural)
 
 
-def _scaled(**kwargs: Any) -> ResourceType:
+def _scaled(*, builtin: bool = True, **kwargs: Any) -> ResourceType:
     return ResourceType(
         has_status=True,
         scale_spec="spec.replicas",
         scale_status="status.replicas",
         scale_selector="status.selector",
+        builtin=builtin,
+        generation=True,
+        unconditional_update=builtin,
         **kwargs,
     )
 
@@ -60,7 +71,7 @@ DEFAULT_TYPES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "namespaces", "Namespace", namespaced=False, has_status=True),
     ResourceType("", "v1", "events", "Event"),
     ResourceType("", "v1", "configmaps", "ConfigMap"),
-    ResourceType("coordination.k8s.io", "v1", "leases", "Lease"),
+    ResourceType("coordination.k8s.io", "v1", "leases", "Lease", unconditional_update=False),
     ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass",
                  namespaced=False),
     _scaled(group="apps", version="v1", plural="deployments", kind="Deployment"),
@@ -68,23 +79,13 @@ DEFAULT_TYPES: tuple[ResourceType, ...] = (
     ResourceType("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler",
                  has_status=True),
     ResourceType("keda.sh", "v1alpha1", "scaledobjects", "ScaledObject", has_status=True,
-                 builtin=False),
+                 builtin=False, generation=True, unconditional_update=False),
     _scaled(group="cluster.x-k8s.io", version="v1beta1", plural="machinedeployments",
             kind="MachineDeployment", builtin=False),
     # The CRD with a scale subresource: LeaderWorkerSet, as multi-node inference uses it.
     _scaled(group="leaderworkerset.x-k8s.io", version="v1", plural="leaderworkersets",
             kind="LeaderWorkerSet", builtin=False),
 )
-
-
-class StoreError(Exception):
-    """An API error with its HTTP code and Kubernetes `reason`, turned into a Status."""
-
-    def __init__(self, code: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.reason = reason
-        self.message = message
 
 
 @dataclass(slots=True)
@@ -119,12 +120,29 @@ def set_path(obj: Obj, path: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+Listener = Callable[[WatchEvent], None]
+Check = Callable[[Obj], None]
+"""Validation run on an object about to be stored; raises StoreError (422) to refuse it."""
+# Generated name suffixes: five characters of the alphabet Kubernetes uses (no vowels, so
+# no words; no 0, 1, 3 that read as letters).
+NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+
+
+def generated_suffix() -> str:
+    return "".join(secrets.choice(NAME_ALPHABET) for _ in range(5))
+
+
 class Store:
     """All objects, keyed by (group, plural) then (namespace, name).
 
     One resourceVersion counter for the whole store, like etcd's revision: every write
     gets the next integer; lists report the current one; watches replay from the event
-    history (the last `history` writes; older versions answer 410 Gone).
+    history (the last `history` writes; older versions answer 410 Gone). A write that
+    changes nothing is not a write: it keeps the resourceVersion and sends no event, as
+    etcd's guaranteed update skips identical bytes.
+
+    `listeners` are called synchronously with every event (in-process controllers).
+    `manager` on a write records it in `metadata.managedFields` (None: not recorded).
     """
 
     def __init__(self, *, types: tuple[ResourceType, ...], clock: Callable[[], float],
@@ -137,13 +155,14 @@ class Store:
         }
         self.events: deque[WatchEvent] = deque(maxlen=history)
         self.watchers: list[Watcher] = []
+        self.listeners: list[Listener] = []
 
     def type_for(self, group: str, plural: str) -> ResourceType:
         try:
             return self.types[(group, plural)]
         except KeyError:
-            raise StoreError(404, "NotFound", f"the server could not find the requested "
-                             f"resource ({plural}.{group or 'core'})") from None
+            raise StoreError(404, "NotFound",
+                             "the server could not find the requested resource") from None
 
     @property
     def oldest_replayable(self) -> int:
@@ -156,6 +175,8 @@ class Store:
         for watcher in self.watchers:
             if watcher.resource == rtype.key and watcher.accepts(obj):
                 watcher.queue.put_nowait(event)
+        for listener in list(self.listeners):
+            listener(event)
 
     def list(self, rtype: ResourceType, namespace: str | None) -> list[Obj]:
         items = self.objects[rtype.key]
@@ -164,12 +185,15 @@ class Store:
             if namespace is None or ns == namespace
         ]
 
-    def get(self, rtype: ResourceType, namespace: str | None, name: str) -> Obj:
+    def find(self, rtype: ResourceType, namespace: str | None, name: str) -> Obj | None:
         obj = self.objects[rtype.key].get((namespace or "", name))
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def get(self, rtype: ResourceType, namespace: str | None, name: str) -> Obj:
+        obj = self.find(rtype, namespace, name)
         if obj is None:
-            group = f"{rtype.plural}.{rtype.group}" if rtype.group else rtype.plural
-            raise StoreError(404, "NotFound", f'{group} "{name}" not found')
-        return copy.deepcopy(obj)
+            raise apierrors.not_found(resource=rtype.plural, group=rtype.group, name=name)
+        return obj
 
     def _stamp(self, rtype: ResourceType, obj: Obj) -> None:
         self.revision += 1
@@ -177,61 +201,80 @@ class Store:
         obj["kind"] = rtype.kind
         obj["metadata"]["resourceVersion"] = str(self.revision)
 
-    def create(self, rtype: ResourceType, namespace: str | None, obj: Obj) -> Obj:
+    def _manage(self, *, old: Obj | None, new: Obj, rtype: ResourceType,
+                manager: str | None, subresource: str | None) -> None:
+        if manager is None:
+            return
+        new.setdefault("apiVersion", rtype.api_version)
+        entries = fields.record(old=old, new=new, manager=manager, subresource=subresource,
+                                time=rfc3339(self.clock()))
+        if entries:
+            new["metadata"]["managedFields"] = entries
+
+    def create(self, rtype: ResourceType, namespace: str | None, obj: Obj, *,
+               manager: str | None = None, check: Check | None = None) -> Obj:
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         if not meta.get("name"):
             if not meta.get("generateName"):
-                raise StoreError(422, "Invalid", "metadata.name: Required value")
-            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+                raise apierrors.invalid(kind=rtype.kind, group=rtype.group, name="", errors=[
+                    apierrors.required("metadata.name", "name or generateName is required")])
+            meta["name"] = meta["generateName"] + generated_suffix()
         if rtype.namespaced:
             if meta.get("namespace") not in (None, "", namespace):
-                raise StoreError(400, "BadRequest", "the namespace of the object does "
-                                 "not match the namespace on the request")
+                raise apierrors.bad_request("the namespace of the provided object does not "
+                                            "match the namespace sent on the request")
             meta["namespace"] = namespace
         key = (namespace or "", meta["name"])
         if key in self.objects[rtype.key]:
-            raise StoreError(409, "AlreadyExists",
-                             f'{rtype.plural} "{meta["name"]}" already exists')
+            raise apierrors.already_exists(resource=rtype.plural, group=rtype.group,
+                                           name=meta["name"])
         if meta.get("resourceVersion"):
-            raise StoreError(400, "BadRequest",
-                             "resourceVersion should not be set on objects to be created")
+            raise apierrors.bad_request("resourceVersion should not be set on objects to be "
+                                        "created")
+        for system in ("managedFields", "generation", "deletionTimestamp"):
+            meta.pop(system, None)
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = rfc3339(self.clock())
-        if "spec" in obj:
+        if rtype.generation:
             meta["generation"] = 1
-        if rtype.key == ("apps", "deployments"):
-            obj["spec"].setdefault("replicas", 1)
+        if rtype.key in (("apps", "deployments"), ("apps", "statefulsets")):
+            obj["status"] = {}  # the controller writes it (PrepareForCreate clears it)
+        defaults.apply(rtype.key, obj)
+        if check is not None:
+            check(obj)
+        self._manage(old=None, new=obj, rtype=rtype, manager=manager, subresource=None)
         self._stamp(rtype, obj)
         self.objects[rtype.key][key] = obj
         self._publish(rtype, "ADDED", obj)
         return copy.deepcopy(obj)
 
     def update(self, rtype: ResourceType, namespace: str | None, name: str, new: Obj, *,
-               subresource: str | None = None) -> Obj:
+               subresource: str | None = None, manager: str | None = None,
+               check: Check | None = None) -> Obj:
         """Replace an object, checking `metadata.resourceVersion` when the caller set it.
 
-        subresource "status" changes only `.status`; None changes everything but `.status`
-        (for types with a status subresource), as the API server's update strategies do.
+        subresource "status" changes only `.status`; "scale" and None change everything
+        but `.status` (for types with a status subresource), as the API server's update
+        strategies do.
         """
         current = self.get(rtype, namespace, name)
         expected = (new.get("metadata") or {}).get("resourceVersion")
         if expected and expected != current["metadata"]["resourceVersion"]:
-            raise StoreError(
-                409, "Conflict",
-                f'Operation cannot be fulfilled on {rtype.plural} "{name}": the object has '
-                "been modified; please apply your changes to the latest version and try again",
-            )
+            raise apierrors.conflict(resource=rtype.plural, group=rtype.group, name=name)
         new_meta = new.get("metadata") or {}
         if new_meta.get("name", name) != name:
-            raise StoreError(400, "BadRequest", "the name of the object does not match")
+            raise apierrors.bad_request(f"the name of the object ({new_meta['name']}) does "
+                                        f"not match the name on the URL ({name})")
         if subresource == "status":
             updated = copy.deepcopy(current)
             updated["status"] = copy.deepcopy(new.get("status"))
         else:
             updated = copy.deepcopy(new)
             meta = updated.setdefault("metadata", {})
-            for immutable in ("uid", "creationTimestamp", "namespace", "name", "generation"):
+            for immutable in ("uid", "creationTimestamp", "namespace", "name", "generation",
+                              "deletionTimestamp", "managedFields"):
+                meta.pop(immutable, None)
                 if immutable in current["metadata"]:
                     meta[immutable] = current["metadata"][immutable]
             if rtype.has_status:
@@ -239,8 +282,29 @@ class Store:
                     updated["status"] = current["status"]
                 else:
                     updated.pop("status", None)
+            defaults.apply(rtype.key, updated)
             if "generation" in meta and updated.get("spec") != current.get("spec"):
                 meta["generation"] += 1
+        updated["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        updated["apiVersion"], updated["kind"] = rtype.api_version, rtype.kind
+        if check is not None:
+            check(updated)
+        if updated == current:
+            return current  # a no-op write: same resourceVersion, no watch event
+        self._manage(old=current, new=updated, rtype=rtype, manager=manager,
+                     subresource=subresource)
+        self._stamp(rtype, updated)
+        self.objects[rtype.key][(namespace or "", name)] = updated
+        self._publish(rtype, "MODIFIED", updated)
+        return copy.deepcopy(updated)
+
+    def mark_deleting(self, rtype: ResourceType, namespace: str | None, name: str, *,
+                      status: Obj | None = None) -> Obj:
+        """Set `metadata.deletionTimestamp` (and `status`): the object is going, not gone."""
+        updated = self.get(rtype, namespace, name)
+        updated["metadata"]["deletionTimestamp"] = rfc3339(self.clock())
+        if status is not None:
+            updated["status"] = status
         self._stamp(rtype, updated)
         self.objects[rtype.key][(namespace or "", name)] = updated
         self._publish(rtype, "MODIFIED", updated)

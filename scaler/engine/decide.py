@@ -74,6 +74,8 @@ class Draft:
     times: forecast.StartTimes | None = None
     samples: tuple[types.DemandSample, ...] = ()
     forecast: types.Forecast | None = None
+    draining: bool = False
+    steady: bool = True  # unless the flow balance sees the system grow or shrink
     raw: int | None = None
     winner: Rule | None = None
     desired: int | None = None
@@ -112,19 +114,33 @@ def estimate_load(draft: Draft) -> str:
     """
     draft.times, draft.state = forecast.learn_start_times(
         draft.spec, state=draft.state, observations=draft.cluster.observations)
+    overloaded = recommend.overloaded(draft.spec, snapshot=draft.snapshot,
+                                      ready=draft.cluster.ready)
+    if overloaded:
+        draft.state = dataclasses.replace(draft.state, overloaded_at=draft.now)
+    draft.draining = not overloaded and _draining(draft)
     flow = flow_balance(draft)
+    backlogged = overloaded or draft.draining
     demand_now = _capacity_demand(draft.opinions)
-    draft.state = learn_load(draft.spec, snapshot=draft.snapshot, cluster=draft.cluster,
-                             state=draft.state, demand_now=demand_now)
+    if not backlogged and draft.steady:
+        draft.state = learn_load(draft.spec, snapshot=draft.snapshot, cluster=draft.cluster,
+                                 state=draft.state, demand_now=demand_now)
+    elif draft.state.replicas_per_request_rate is None:
+        draft.state = seed_load(draft)
     per_rate = draft.state.replicas_per_request_rate
-    arrival = recommend.arrival_rate(draft.spec, snapshot=draft.snapshot,
+    arrival = recommend.arrival_rate(snapshot=draft.snapshot,
                                      replicas_per_request_rate=per_rate,
-                                     ready=draft.cluster.ready)
-    detail = ""
+                                     backlogged=backlogged)
+    detail = "draining a backlog" if draft.draining and not overloaded else ""
     if arrival is not None and arrival.demand is not None and per_rate is not None:
         draft.opinions.append(arrival)
-        detail = size_for_load(draft, load=arrival.demand, per_rate=per_rate)
-        demand_now = max(_capacity_demand(draft.opinions) or 0.0, arrival.demand)
+        detail = "; ".join(p for p in (
+            detail, size_for_load(draft, load=arrival.demand, per_rate=per_rate)) if p)
+        # The load, not the backlog, is what the look-ahead extrapolates: the drain term
+        # shrinks as the queue goes, so its growth while replicas start is no trend.
+        demand_now = max([arrival.demand] + [
+            o.demand for o in draft.opinions if o.kind is Kind.CAPACITY
+            and o.rule not in BACKLOG_READINGS and o.demand is not None])
     draft.demand_now = demand_now
     if demand_now is None:
         return "no demand signal"
@@ -132,9 +148,30 @@ def estimate_load(draft: Draft) -> str:
                      if part)
 
 
+def _draining(draft: Draft) -> bool:
+    """Within one drain time of an overload: the backlog it built is still being served.
+
+    Once capacity arrives the queue empties into the replicas' batches, so the requests
+    running count the backlog, not the load, until it is worked off: a step to 43 req/s
+    that queued 900 reads 920 running = 92 replicas at 10 per replica where the load
+    needs 4.3. For one drain time (pod start + DRAIN_WINDOW_S, the time the backlog is
+    sized to drain in) after the last overload, the count is sized as under overload: to
+    the arrival rate plus draining. A load that falls without an overload before it is
+    load, and the count follows what the signals read.
+    """
+    overloaded_at, times = draft.state.overloaded_at, draft.times
+    return (overloaded_at is not None and times is not None
+            and draft.now - overloaded_at <= times.pod_start_s + DRAIN_WINDOW_S)
+
+
 # The backlog's growth is fitted over this many seconds: long enough to see a trend through
 # the second-to-second swings of continuous batching, short enough to follow a step.
 FLOW_WINDOW_S = 30.0
+# The requests in the system changing by at most this share of the completions per second
+# is a steady state, where the load of one request can be learned. Example: a square
+# wave's load leaving: 200 in flight empty in 20 s while 10/s finish: -10/s, not steady;
+# the learned load would otherwise sink towards 0 as the replicas run dry.
+STEADY_SHARE = 0.2
 
 
 def flow_balance(draft: Draft) -> str:
@@ -154,15 +191,24 @@ def flow_balance(draft: Draft) -> str:
         draft.state = dataclasses.replace(draft.state, backlog=())
         return ""
     history = tuple(b for b in draft.state.backlog if b.at > now - FLOW_WINDOW_S)
-    history = (*history, types.BacklogSample(at=now, requests=waiting.value + running.value))
+    history = (*history, types.BacklogSample(at=now, requests=waiting.value + running.value,
+                                             completion_rate=completed.value))
     draft.state = dataclasses.replace(draft.state, backlog=history)
+    # Completions and growth over the same window: the growth fitted over 30 s lags a
+    # change by about half of it, and today's completions beside it would count a drain
+    # that has just begun as arrivals (63 finished/s + 28/s growth of the queue before).
+    growth = forecast.slope([(b.at, b.requests) for b in history]) or 0.0
+    finished = math.fsum(b.completion_rate / len(history) for b in history)  # no overflow
+    # Steady: the requests in the system neither grow nor shrink by more than a fifth of
+    # what finishes. Only then do the demand readings (which count what is in the
+    # system) and the arrival rate describe the same requests.
+    draft.steady = abs(growth) <= STEADY_SHARE * max(finished, MIN_RATE)
     if snapshot.arrival_rate is not None and snapshot.arrival_rate.fresh:
         return ""  # measured: nothing to estimate
-    growth = forecast.slope([(b.at, b.requests) for b in history]) or 0.0
-    estimate = max(0.0, completed.value + growth)
+    estimate = max(0.0, finished + growth)
     draft.snapshot = dataclasses.replace(snapshot, arrival_rate=types.SignalValue(
         value=estimate, age_s=max(completed.age_s, waiting.age_s, running.age_s), fresh=True))
-    return (f"arrival rate by flow balance: {completed.value:.3g} finished/s "
+    return (f"arrival rate by flow balance: {finished:.3g} finished/s "
             f"{growth:+.3g}/s backlog = {estimate:.3g} req/s")
 
 
@@ -223,16 +269,18 @@ def look_ahead(draft: Draft) -> str:
     draft.state = forecast.check_forecast(draft.state, now=draft.now,
                                           demand_now=draft.demand_now)
     draft.forecast = _forecast(draft)
+    returning = expect_return(draft)
     fc = draft.forecast
     if fc is None:
-        return "no demand to forecast"
+        return returning or "no demand to forecast"
     if spec.forecast_enabled:
         draft.state = forecast.register_forecast(draft.state, fc, now=draft.now)
     trust = "" if fc.horizon_scale >= 0.999 else f", {fc.horizon_scale:.0%} of the trend " \
         "trusted after past overshoots"
     kind = "; a step, not a ramp" if fc.step else ""
     return (f"ready in {fc.time_to_ready_s:.0f} s: demand {fc.demand_now:.2f} -> "
-            f"{fc.demand_at_ready:.2f} replicas{trust}{kind}")
+            f"{fc.demand_at_ready:.2f} replicas{trust}{kind}"
+            + (f"; {returning}" if returning else ""))
 
 
 def recommend_replicas(draft: Draft) -> str:
@@ -359,49 +407,116 @@ def stabilize_count(draft: Draft) -> str:
     return f"the {window} window keeps {desired}"
 
 
-# A return counts when demand comes back to this share of the count held at the drop.
-RETURN_SHARE = 0.9
+# The load is away while demand is under this share of its peak before it left (the
+# peak over the forecast window): noise of +-30 % is no absence, and a level misread
+# high (a queue before the load of a request was known) is not waited for forever.
+AWAY_SHARE = 0.5
 # Weight of a new return gap in the smoothed one (about the last three returns matter).
 RETURN_WEIGHT = 0.5
-# A learned gap is held for with this margin (returns come a little early or late).
-RETURN_MARGIN = 1.25
+# Returns whose gaps differ by at most this share of the learned gap make a pattern; the
+# expected return is waited for until gap x (1 + RETURN_TOLERANCE).
+RETURN_TOLERANCE = 0.25
+# Returns in a row after about the same gap before the engine plans on the next one.
+RETURN_PATTERN = 2
+# Replicas are started this much before the time to ready ahead of an expected return:
+# returns come a little early, and one SLO window (60 s) is what the yardstick judges.
+RETURN_EARLY_S = 60.0
+# Once a return is planned, replicas the load no longer needs are held this long (one SLO
+# window) before the rate-limited release: long enough to ride through a dip.
+RELEASE_HOLD_S = 60.0
+
+
+def _return_lead_s(draft: Draft) -> float:
+    """Seconds before an expected return to start its replicas: time to ready (plus a node
+    boot when they would not fit on the free GPUs) and RETURN_EARLY_S."""
+    assert draft.times is not None
+    cluster, level = draft.cluster, draft.state.drop_level
+    free = cluster.free_replica_slots
+    needs_node = free is not None and free < level - cluster.current
+    return (draft.times.pod_start_s + (draft.times.node_boot_s if needs_node else 0.0)
+            + RETURN_EARLY_S)
+
+
+def _pattern(state: types.EngineState) -> float | None:
+    """The learned return gap once it has held RETURN_PATTERN times in a row."""
+    return state.return_gap_s if state.returns >= RETURN_PATTERN else None
+
+
+def expect_return(draft: Draft) -> str:
+    """Restart-aware only: learn when load comes back after a drop, and plan for it.
+
+    Releasing a replica the load no longer needs saves its idle time; starting one again
+    when load returns costs its pod start in GPU time, and the SLO in every window of
+    that start. When load has come back twice in a row after about the same gap (within
+    25 %) and that gap is longer than starting the replicas again (plus one SLO window),
+    holding them idle through it costs more than a restart: the engine releases them and
+    starts the count held at the drop again one time-to-ready (+ 60 s) before the
+    expected return. If the load does not come back by gap x 1.25, the pattern is
+    forgotten. Example: a square wave off for 600 s, 8B at a 105 s pod start: the return
+    is planned at drop + 600 - 165 s; 435 s of 4 idle replicas are saved each period.
+    """
+    spec, now = draft.spec, draft.now
+    if not spec.restart_aware:
+        return ""
+    state, demand, current = draft.state, draft.demand_now, draft.cluster.current
+    note = ""
+    if demand is not None and current > 0:
+        # A drop is the load leaving (AWAY_SHARE); the level to come back to is its peak,
+        # not the count, which may still hold a backlog's or a window's replicas.
+        peak = max((d.demand for d in draft.samples), default=demand)
+        if state.drop_at is None and demand < AWAY_SHARE * peak:
+            state = dataclasses.replace(state, drop_at=now, drop_level=max(
+                1, min(current, recommend.ceil_replicas(peak))))
+        elif state.drop_at is not None and demand >= AWAY_SHARE * state.drop_level:
+            seen = now - state.drop_at
+            gap = state.return_gap_s
+            if seen <= _return_lead_s(draft):
+                # A dip: shorter than a restart, it is held through whatever was learned
+                # and says nothing about the pattern of longer absences.
+                state = dataclasses.replace(state, drop_at=None)
+            elif gap is not None and abs(seen - gap) <= RETURN_TOLERANCE * gap:
+                state = dataclasses.replace(state, drop_at=None, returns=state.returns + 1,
+                                            return_gap_s=gap + RETURN_WEIGHT * (seen - gap))
+            else:
+                state = dataclasses.replace(state, drop_at=None, returns=1, return_gap_s=seen)
+            note = f"load came back after {seen:.0f} s"
+    gap = _pattern(state)
+    draft.state = state
+    if gap is None or state.drop_at is None:
+        return note
+    lead = _return_lead_s(draft)
+    if gap <= lead:
+        return note or f"load comes back after {gap:.0f} s, sooner than a restart: hold"
+    due = state.drop_at + gap
+    if now > due + RETURN_TOLERANCE * gap:
+        draft.state = dataclasses.replace(state, returns=0, return_gap_s=None)
+        return f"the load expected back {now - due:.0f} s ago did not come: pattern forgotten"
+    if now < due - lead:
+        return f"load expected back in {due - now:.0f} s: {state.drop_level} replicas " \
+               f"start {lead:.0f} s before"
+    draft.opinions.append(recommend.opinion(
+        Rule.RETURN, value=types.SignalValue(value=gap, age_s=0.0, fresh=True), fresh=True,
+        demand=float(state.drop_level),
+        detail=f"load came back after {gap:.0f} s {state.returns} times in a row: "
+        f"{state.drop_level} replicas started {lead:.0f} s ahead of its return"))
+    return f"load expected back in {max(0.0, due - now):.0f} s: {state.drop_level} replicas"
 
 
 def restart_hold(draft: Draft) -> tuple[int, str]:
     """How long to hold replicas the load no longer needs, weighing a restart.
 
-    Holding an idle replica for T seconds costs T GPU-seconds; releasing it and starting
-    one again when load returns costs its pod start (GPU time allocated while it pulls and
-    loads) and the SLO risk of that start. Without knowing when load returns, holding for
-    one pod start and then releasing never costs more than twice the best choice in
-    hindsight (the ski-rental rule). Once the model has seen load come back after drops,
-    a return within the policy's window is held for (gap x 1.25): the start it avoids is
-    the one that would miss the SLO. The window stays the longest hold. Example, 8B at a
-    105 s pod start and a 300 s window: no return seen -> hold 105 s; load came back
-    after 180 s before -> hold 225 s; after 600 s -> 105 s.
+    The policy's down window, unless a return is planned (`expect_return`): then one SLO
+    window, because the replicas are started again ahead of the load. A dip and a quick
+    return (shorter than a restart) keep the whole window: holding is the cheaper choice,
+    and noise never turns into restarts.
     """
-    spec, state, now = draft.spec, draft.state, draft.now
-    window = spec.behavior.scale_down.stabilization_seconds
-    current, demand = draft.cluster.current, draft.demand_now
-    if demand is not None and current > 0:
-        if state.drop_at is None and demand < RETURN_SHARE * current:
-            state = dataclasses.replace(state, drop_at=now, drop_level=current)
-        elif state.drop_at is not None and demand >= RETURN_SHARE * state.drop_level:
-            seen = now - state.drop_at
-            learned = (seen if state.return_gap_s is None
-                       else state.return_gap_s + RETURN_WEIGHT * (seen - state.return_gap_s))
-            state = dataclasses.replace(state, drop_at=None, return_gap_s=learned)
-        draft.state = state
-    assert draft.times is not None
-    pod_start = draft.times.pod_start_s
-    gap = state.return_gap_s
-    if gap is not None and gap * RETURN_MARGIN <= window:
-        seconds = max(pod_start, gap * RETURN_MARGIN)
-        why = f"load came back after {gap:.0f} s: hold {seconds:.0f} s"
-    else:
-        seconds = pod_start
-        why = f"hold idle replicas {seconds:.0f} s, one pod start"
-    return min(window, math.ceil(seconds)), why
+    window = draft.spec.behavior.scale_down.stabilization_seconds
+    gap = _pattern(draft.state)
+    if gap is None or gap <= _return_lead_s(draft):
+        return window, ""
+    seconds = min(window, math.ceil(RELEASE_HOLD_S))
+    return seconds, f"load returns about every {gap:.0f} s: released after {seconds} s, " \
+                    "started again ahead of the return"
 
 
 def rate_limit(draft: Draft) -> str:
@@ -413,6 +528,10 @@ def rate_limit(draft: Draft) -> str:
     behavior = draft.spec.behavior
     limit = stabilize.rate_limit(behavior.scale_up if up else behavior.scale_down, up=up,
                                  current=current, events=draft.state.events, now=draft.now)
+    if limit is not None:
+        # As the HPA: a limit never turns the direction round. A down limit counted from a
+        # period that began higher (a fall of 3 within it) would otherwise lift the count.
+        limit = max(limit, current) if up else min(limit, current)
     if limit is not None and (desired > limit if up else desired < limit):
         draft.clamp(ClampName.RATE_LIMIT_UP if up else ClampName.RATE_LIMIT_DOWN, limit,
                     "behavior policies allow at most this change now")
@@ -524,7 +643,7 @@ def learn_load(
     """
     rate = snapshot.arrival_rate
     waiting = snapshot.queue_depth
-    if (demand_now is None or rate is None or not rate.fresh
+    if (demand_now is None or not demand_now > 0 or rate is None or not rate.fresh
             or not rate.value >= MIN_RATE or cluster.ready == 0 or waiting is None
             or not waiting.fresh):
         return state
@@ -534,6 +653,25 @@ def learn_load(
     old = state.replicas_per_request_rate
     learned = sample if old is None else old + LOAD_WEIGHT * (sample - old)
     return dataclasses.replace(state, replicas_per_request_rate=learned)
+
+
+def seed_load(draft: Draft) -> types.EngineState:
+    """Overloaded before anything was learned: the load of one request from the work of
+    the requests finishing.
+
+    Saturated replicas' tokens/s and completions/s both read capacity, but their ratio is
+    the work of one request: tokens/s demand 3.2 replicas while 25 req/s finish is 0.128
+    replicas per req/s. The first burst on a cold model is then sized as load plus drain
+    like every later one, not as its queue (34 replicas asked where 5 carried it).
+    """
+    completed = draft.snapshot.completion_rate
+    tokens = next((o for o in draft.opinions if o.rule is Rule.TOKENS_PER_SECOND
+                   and o.demand is not None), None)
+    if (tokens is None or tokens.demand is None or not tokens.demand > 0 or completed is None
+            or not completed.fresh or not completed.value >= MIN_RATE):
+        return draft.state
+    return dataclasses.replace(draft.state,
+                               replicas_per_request_rate=tokens.demand / completed.value)
 
 
 def _remember(draft: Draft, decision: types.Decision) -> types.EngineState:

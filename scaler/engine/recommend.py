@@ -111,7 +111,7 @@ def concurrency(
     no_ready_replica = cluster.ready == 0
     if _fresh(running) or (no_ready_replica and _fresh(waiting)):
         parts = [v for v in (running, waiting) if v is not None and _fresh(v)]
-        total = math.fsum(v.value for v in parts)
+        total = sum(v.value for v in parts)  # inf, not OverflowError, at 1e308
         detail = f"({total:g} running+waiting) / {rule.target_per_replica:g} per replica"
         combined = types.SignalValue(value=total, age_s=max(v.age_s for v in parts),
                                      fresh=True)
@@ -171,10 +171,10 @@ def tokens_per_second(
         return opinion(types.Rule.TOKENS_PER_SECOND, value=generated, fresh=False,
                        demand=None, detail=detail)
     shares = [(name, v.value, cap) for name, v, cap in parts if v is not None]
-    busy = math.fsum(value / cap for _, value, cap in shares)
+    busy = sum(value / cap for _, value, cap in shares)
     detail = " + ".join(f"{value:g} {name} tok/s / {cap:g}" for name, value, cap in shares)
     combined = types.SignalValue(
-        value=math.fsum(value for _, value, _ in shares),
+        value=sum(value for _, value, _ in shares),  # inf, not OverflowError, at 1e308
         age_s=max(v.age_s for _, v, _ in parts if v is not None),
         fresh=True,
     )
@@ -193,24 +193,23 @@ def overloaded(spec: engine_spec.EngineSpec, *, snapshot: types.SignalSnapshot, 
 
 
 def arrival_rate(
-    spec: engine_spec.EngineSpec,
     *,
     snapshot: types.SignalSnapshot,
     replicas_per_request_rate: float | None,
-    ready: int,
+    backlogged: bool,
 ) -> Opinion | None:
-    """Under overload, requests/s x the learned load of one request/s.
+    """With a backlog, requests/s x the learned load of one request/s.
 
     Measured throughput (tokens/s, requests running) cannot exceed the replicas serving
-    it, so when the model is overloaded it reads the capacity, not the demand; the arrival
-    rate (from the gateway or the stream's sequence numbers) keeps counting. Only then,
-    and once the load of a request has been learned (see decide.learn_load): unsaturated,
-    throughput is the better measure and a second estimate would only add noise to the
-    max. Example: 40 req/s x 0.127 replicas per req/s = 5.1 -> 6 replicas.
+    it, so while a backlog builds or drains it reads the capacity, not the demand; the
+    arrival rate (from the gateway, the stream's sequence numbers or flow balance) keeps
+    counting. Only then (`backlogged`: see decide.estimate_load), and once the load of a
+    request has been learned (decide.learn_load): in a steady state throughput is the
+    better measure and a second estimate would only add noise to the max. Example: 40
+    req/s x 0.127 replicas per req/s = 5.1 -> 6 replicas.
     """
     rate = snapshot.arrival_rate
-    if (replicas_per_request_rate is None or rate is None or not _fresh(rate)
-            or not overloaded(spec, snapshot=snapshot, ready=ready)):
+    if replicas_per_request_rate is None or rate is None or not _fresh(rate) or not backlogged:
         return None
     return opinion(types.Rule.ARRIVAL_RATE, value=rate, fresh=True,
                    demand=rate.value * replicas_per_request_rate,

@@ -142,10 +142,12 @@ class DemandSample:
 
 @dataclass(frozen=True, slots=True)
 class BacklogSample:
-    """Requests in the system (waiting + running) at a time, for the flow balance."""
+    """Requests in the system (waiting + running) and finishing per second at a time, for
+    the flow balance."""
 
     at: float
     requests: float
+    completion_rate: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,9 +177,12 @@ class EngineState:
       (1 = all; halved towards what came true each time a forecast overshot).
     backlog: requests in the system over the last FLOW_WINDOW_S, whose growth plus the
       completion rate is the arrival rate where no source reports one (flow balance).
-    drop_at / drop_level / return_gap_s: restart-aware holding: when demand last fell
-      below the count (and the count then), and how long load took to come back after
-      earlier drops (smoothed; None until seen).
+    overloaded_at: when the model was last overloaded (None before): a backlog built then
+      drains for a while after, and while it drains it is not load.
+    drop_at / drop_level / return_gap_s / returns: restart-aware holding: when demand
+      last fell below the count (and the count then), how long load took to come back
+      after earlier drops (smoothed; None until seen), and how many returns in a row came
+      after about that gap (a pattern once there are two).
     """
 
     recommendations: tuple[Recommendation, ...] = ()
@@ -191,9 +196,11 @@ class EngineState:
     forecast_check: ForecastCheck | None = None
     horizon_scale: float = 1.0
     backlog: tuple[BacklogSample, ...] = ()
+    overloaded_at: float | None = None
     drop_at: float | None = None
     drop_level: int = 0
     return_gap_s: float | None = None
+    returns: int = 0
 
 
 class OpinionKind(enum.Enum):
@@ -220,6 +227,7 @@ class Rule(enum.StrEnum):
     P95_LATENCY = "p95_latency"
     ARRIVAL_RATE = "arrival_rate"
     FORECAST = "forecast"
+    RETURN = "return"
 
     @property
     def kind(self) -> OpinionKind:

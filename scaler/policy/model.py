@@ -388,11 +388,13 @@ class Behavior(_Model):
         default_factory=_default_down, description="Scale-down behavior. Default (the "
         "HPA's): a 300 s window; then up to 100 % per 15 s.")
     restart_aware: bool = Field(
-        default=False, description="Weigh a restart before holding idle replicas: the "
-        "down window becomes the longest hold, not the only one. Replicas the load no "
-        "longer needs are held as long as restarting one takes (its pod start: holding "
-        "longer costs more GPU time than a restart), and longer, up to the window, when "
-        "load has come back after a similar gap before. Off: the HPA's fixed window.")
+        default=False, description="Weigh a restart before holding idle replicas. Once "
+        "the load has come back twice in a row after about the same gap (within 25 %), "
+        "and that gap is longer than starting the replicas again plus 60 s, the replicas "
+        "it no longer needs are released after 60 s (not the down window) and the count "
+        "held before the drop is started again one time-to-ready + 60 s ahead of the "
+        "expected return; a return that does not come by 1.25 x the gap forgets the "
+        "pattern. Dips and irregular loads keep the down window. Off: the HPA's window.")
     tolerance: float = Field(
         default=0.1, ge=0, lt=1,
         description="A capacity recommendation within this fraction of the current count "

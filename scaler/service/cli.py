@@ -41,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     run.add_argument("--policies", type=Path, nargs="+", metavar="PATH",
                      help="policy files or folders (overrides policies.paths)")
     run.add_argument("--dry-run", action="store_true",
-                     help="log the scale patches instead of sending them")
+                     help="log the scale patches instead of sending them (on a Lease of its "
+                     "own, <lease name>-dry-run: never the live replicas' one)")
     run.set_defaults(handler=run_service)
 
 

@@ -81,6 +81,7 @@ _RULE_WORDS: dict[str, str] = {
     engine_types.Rule.P95_LATENCY: "the p95 latency guard",
     engine_types.Rule.ARRIVAL_RATE: "the arrival rate",
     engine_types.Rule.FORECAST: "the cold-start look-ahead",
+    engine_types.Rule.RETURN: "the load's expected return",
 }
 # What a clamp did, given the count it left: "the down window holds 6".
 _CLAMP_WORDS: dict[str, str] = {

@@ -80,7 +80,7 @@ async def test_failover_without_double_patching(kube: KubeTestEnv, wall_clock: M
                 for act in (act_a, act_b)]
     assert [o.outcome for o in outcomes] == [base.Outcome.NOT_LEADER, base.Outcome.APPLIED]
     scale = await kube.api.get(f"{kube.collection('apps/v1', 'deployments')}/model/scale")
-    assert scale["spec"]["replicas"] == 3
+    assert scale["spec"].get("replicas", 0) == 3  # a real Scale omits 0
     if kube.emulator is not None:
         assert kube.emulator.count(method="PATCH", path="/model/scale$") == 2
 

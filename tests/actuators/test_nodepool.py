@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from scaler.actuators import base, nodepool
+from scaler.actuators import base, client, nodepool
 from scaler.actuators import settings as kube_settings
 from scaler.emulator.env import KubeTestEnv
 from scaler.engine import types
 from scaler.policy import model
+
+from .factories import OtherWriter, interleaved, write_status
 
 pytestmark = pytest.mark.kube
 
@@ -37,7 +39,7 @@ async def test_placeholder_deployment_follows_the_plan(kube: KubeTestEnv) -> Non
     created = await actuator.apply(POOL, plan(placeholders=2))
     deployment = await kube.api.get(path)
     again = await actuator.apply(POOL, plan(placeholders=2))
-    version = (await kube.api.get(path))["metadata"]["resourceVersion"]
+    generation = (await kube.api.get(path))["metadata"]["generation"]
     grown = await actuator.apply(POOL, plan(placeholders=3))
     gone = await actuator.apply(POOL, plan(placeholders=0))
 
@@ -59,7 +61,61 @@ async def test_placeholder_deployment_follows_the_plan(kube: KubeTestEnv) -> Non
     assert (gone.previous, gone.desired) == (3, 0)
     final = await kube.api.get(path)
     assert final["spec"]["replicas"] == 0
-    assert final["metadata"]["resourceVersion"] != version
+    # Our writes move the spec's generation (status writes by the controller do not).
+    assert final["metadata"]["generation"] > generation
+
+
+def placeholder_path(kube: KubeTestEnv) -> str:
+    return f"{kube.collection('apps/v1', 'deployments')}/scaler-placeholder-h100"
+
+
+async def test_placeholder_resize_survives_a_status_write(kube: KubeTestEnv) -> None:
+    """The deployment controller writes status between our read and our write: the
+    resize applies anyway; another writer's spec.replicas change is a conflict."""
+    path = placeholder_path(kube)
+    live = nodepool.PlaceholderActuator(kube.api, settings=settings_for(kube),
+                                        leader=base.AlwaysLeader())
+    assert (await live.apply(POOL, plan(placeholders=1))).outcome is base.Outcome.APPLIED
+
+    async def controller(read: client.Obj) -> None:
+        await write_status(kube.api, path)
+
+    async def other_writer(read: client.Obj) -> None:
+        await kube.api.merge_patch(f"{path}/scale", {"spec": {"replicas": 5}})
+
+    def racing(writer: OtherWriter) -> nodepool.PlaceholderActuator:
+        return nodepool.PlaceholderActuator(
+            interleaved(kube.api, after_read_of=path, other_writer=writer),
+            settings=settings_for(kube), leader=base.AlwaysLeader())
+
+    grown = await racing(controller).apply(POOL, plan(placeholders=2))
+    fought = await racing(other_writer).apply(POOL, plan(placeholders=3))
+
+    assert (grown.outcome, grown.previous) == (base.Outcome.APPLIED, 1)
+    assert (fought.outcome, fought.previous) == (base.Outcome.CONFLICT, 5)
+    assert (await kube.api.get(path))["spec"]["replicas"] == 5
+
+
+async def test_placeholder_template_change_keeps_other_annotations(kube: KubeTestEnv) -> None:
+    """A new template replaces the old one whole (a removed nodeSelector leaves no affinity
+    behind) and sets only our hash annotation: others' annotations stay."""
+    path = placeholder_path(kube)
+    actuator = nodepool.PlaceholderActuator(kube.api, settings=settings_for(kube),
+                                            leader=base.AlwaysLeader())
+    assert (await actuator.apply(POOL, plan(placeholders=1))).outcome is base.Outcome.APPLIED
+    await kube.api.merge_patch(path, {"metadata": {"annotations": {"team/owner": "gpu"}}})
+    before = (await kube.api.get(path))["metadata"]["annotations"][nodepool.HASH_ANNOTATION]
+
+    anywhere = model.NodePool(name="h100", gpus_per_node=8)
+    changed = await actuator.apply(anywhere, plan(placeholders=1))
+
+    deployment = await kube.api.get(path)
+    assert changed.outcome is base.Outcome.APPLIED
+    annotations = deployment["metadata"]["annotations"]
+    assert annotations["team/owner"] == "gpu"
+    assert annotations[nodepool.HASH_ANNOTATION] != before
+    assert "affinity" not in deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["replicas"] == 1
 
 
 async def test_placeholder_dry_run_and_no_empty_create(kube: KubeTestEnv) -> None:

@@ -11,7 +11,7 @@ from scaler.actuators import settings as kube_settings
 from scaler.emulator import Fault
 from scaler.emulator.env import KubeTestEnv, ManualClock
 
-from .factories import make_decision, make_policy
+from .factories import interleaved, make_decision, make_policy, write_status
 
 pytestmark = pytest.mark.kube
 
@@ -27,9 +27,14 @@ def actuator(kube: KubeTestEnv, wall_clock: ManualClock, *, api: client.KubeApi 
                                         leader=leader or base.AlwaysLeader(), monotonic=monotonic)
 
 
+def deployment_path(kube: KubeTestEnv, name: str) -> str:
+    return f"{kube.collection('apps/v1', 'deployments')}/{name}"
+
+
 async def spec_replicas(kube: KubeTestEnv, name: str) -> int:
-    scale = await kube.api.get(f"{kube.collection('apps/v1', 'deployments')}/{name}/scale")
-    return int(scale["spec"]["replicas"])
+    """The Scale's spec.replicas; a real Scale omits the field when it is 0."""
+    scale = await kube.api.get(f"{deployment_path(kube, name)}/scale")
+    return int(scale["spec"].get("replicas", 0))
 
 
 async def events_for(kube: KubeTestEnv, name: str) -> list[dict[str, object]]:
@@ -58,15 +63,17 @@ async def test_no_patch_when_desired_equals_current(kube: KubeTestEnv,
                                                     wall_clock: ManualClock) -> None:
     await kube.create_deployment("steady", replicas=2)
     policy = make_policy(kube.namespace, "steady")
-    before = await kube.api.get(f"{kube.collection('apps/v1', 'deployments')}/steady")
+    before = await kube.api.get(deployment_path(kube, "steady"))
 
     outcome = await actuator(kube, wall_clock).apply(
         policy, make_decision(policy.key, current=2, desired=2))
 
-    after = await kube.api.get(f"{kube.collection('apps/v1', 'deployments')}/steady")
+    after = await kube.api.get(deployment_path(kube, "steady"))
     assert outcome.outcome is base.Outcome.UNCHANGED
-    # No write at all: the object's resourceVersion did not move, and no Event was posted.
-    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    # No write of ours: the spec and its generation did not move (the resourceVersion may:
+    # the deployment controller writes status), and no Event was posted.
+    assert after["metadata"]["generation"] == before["metadata"]["generation"]
+    assert after["spec"]["replicas"] == 2
     assert await events_for(kube, "steady") == []
     if kube.emulator is not None:
         assert kube.emulator.count(method="PATCH", path="/scale$") == 0
@@ -91,27 +98,104 @@ async def test_stale_decision_is_handed_back_not_written(kube: KubeTestEnv,
 async def test_concurrent_writers_lose_no_update(kube: KubeTestEnv,
                                                  wall_clock: ManualClock) -> None:
     """Four writers each add one replica five times, re-deciding on every conflict: with
-    resourceVersion preconditions the total is exactly 20 (a blind write would lose some)."""
+    the spec.replicas precondition the total is exactly 20 (a blind write would lose
+    some), starting from 0, which a real Scale shows as no replicas field at all."""
     await kube.create_deployment("contended", replicas=0)
     policy = make_policy(kube.namespace, "contended")
-    scale_path = f"{kube.collection('apps/v1', 'deployments')}/contended/scale"
     outcomes: list[base.Outcome] = []
 
     async def writer() -> None:
         act = actuator(kube, wall_clock)
         applied = 0
         while applied < 5:
-            current = int((await kube.api.get(scale_path))["spec"]["replicas"])
+            current = await spec_replicas(kube, "contended")
             outcome = await act.apply(policy, make_decision(policy.key, current=current,
                                                             desired=current + 1))
             outcomes.append(outcome.outcome)
             applied += outcome.outcome is base.Outcome.APPLIED
 
-    await asyncio.gather(*(writer() for _ in range(4)))
+    async with asyncio.TaskGroup() as writers:  # one failing writer stops the others
+        for _ in range(4):
+            writers.create_task(writer())
 
     assert await spec_replicas(kube, "contended") == 20
     assert outcomes.count(base.Outcome.APPLIED) == 20
     assert set(outcomes) <= {base.Outcome.APPLIED, base.Outcome.CONFLICT}
+
+
+@pytest.mark.parametrize("start", [0, 1])
+async def test_status_write_between_read_and_write_is_not_a_conflict(
+        kube: KubeTestEnv, wall_clock: ManualClock, start: int) -> None:
+    """The deployment controller writes status right after every change: the object's
+    resourceVersion moves, spec.replicas does not, and the scale change still applies."""
+    await kube.create_deployment("status-race", replicas=start)
+    policy = make_policy(kube.namespace, "status-race")
+    scale_path = f"{deployment_path(kube, 'status-race')}/scale"
+    versions: list[tuple[str, str]] = []
+
+    async def controller(read: client.Obj) -> None:
+        versions.append((read["metadata"]["resourceVersion"],
+                         await write_status(kube.api, deployment_path(kube, "status-race"))))
+
+    api = interleaved(kube.api, after_read_of=scale_path, other_writer=controller)
+    outcome = await actuator(kube, wall_clock, api=api).apply(
+        policy, make_decision(policy.key, current=start, desired=3))
+
+    (read_version, written_version), = versions
+    assert read_version != written_version  # the object did change between read and write
+    assert (outcome.outcome, outcome.previous) == (base.Outcome.APPLIED, start)
+    assert await spec_replicas(kube, "status-race") == 3
+
+
+@pytest.mark.parametrize("start", [0, 2])
+async def test_replicas_changed_between_read_and_write_is_a_conflict(
+        kube: KubeTestEnv, wall_clock: ManualClock, start: int) -> None:
+    """Another writer sets spec.replicas between our read and our write: the patch is
+    refused whole, reported as a conflict with the new value, and the other value stands."""
+    await kube.create_deployment("fought", replicas=start)
+    policy = make_policy(kube.namespace, "fought")
+    scale_path = f"{deployment_path(kube, 'fought')}/scale"
+
+    async def other_autoscaler(read: client.Obj) -> None:
+        await kube.api.merge_patch(scale_path, {"spec": {"replicas": 7}})
+
+    api = interleaved(kube.api, after_read_of=scale_path, other_writer=other_autoscaler)
+    outcome = await actuator(kube, wall_clock, api=api).apply(
+        policy, make_decision(policy.key, current=start, desired=3))
+
+    assert (outcome.outcome, outcome.previous) == (base.Outcome.CONFLICT, 7)
+    assert f"({start} -> 7): another writer" in outcome.reason
+    assert await spec_replicas(kube, "fought") == 7
+    assert await events_for(kube, "fought") == []
+
+
+async def test_scales_to_zero_and_back(kube: KubeTestEnv, wall_clock: ManualClock) -> None:
+    """A real Scale at 0 replicas has no spec.replicas field; the next change still works."""
+    await kube.create_deployment("sleepy", replicas=1)
+    policy = make_policy(kube.namespace, "sleepy")
+    act = actuator(kube, wall_clock)
+
+    down = await act.apply(policy, make_decision(policy.key, current=1, desired=0))
+    assert await spec_replicas(kube, "sleepy") == 0
+    up = await act.apply(policy, make_decision(policy.key, current=0, desired=2))
+
+    assert [(o.outcome, o.previous) for o in (down, up)] == [
+        (base.Outcome.APPLIED, 1), (base.Outcome.APPLIED, 0)]
+    assert await spec_replicas(kube, "sleepy") == 2
+
+
+async def test_refused_value_is_a_failure_not_a_conflict(kube: KubeTestEnv,
+                                                         wall_clock: ManualClock) -> None:
+    """A 422 whose precondition held (an invalid value) is no race: nothing to re-decide."""
+    await kube.create_deployment("invalid", replicas=1)
+    policy = make_policy(kube.namespace, "invalid")
+
+    outcome = await actuator(kube, wall_clock).apply(
+        policy, make_decision(policy.key, current=1, desired=-1))
+
+    assert outcome.outcome is base.Outcome.FAILED
+    assert outcome.reason.startswith("patch refused: 422")
+    assert await spec_replicas(kube, "invalid") == 1
 
 
 async def test_dry_run_writes_nothing(kube: KubeTestEnv, wall_clock: ManualClock) -> None:
@@ -185,9 +269,9 @@ async def test_scales_a_custom_resource_through_its_scale_subresource(
     assert lws["spec"]["replicas"] == 2
     assert kube.emulator is not None
     patch = [r for r in kube.emulator.requests if r.method == "PATCH"][-1]
-    # Merge patch (CRDs reject strategic merge) with the version read as precondition.
-    assert patch.content_type.startswith("application/merge-patch+json")
-    assert patch.body["metadata"]["resourceVersion"]
+    # JSON patch (CRDs reject strategic merge) guarded by a test of the replicas read.
+    assert patch.content_type.startswith("application/json-patch+json")
+    assert patch.body[0] == {"op": "test", "path": "/spec/replicas", "value": 1}
 
 
 @pytest.mark.emulator_only

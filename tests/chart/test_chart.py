@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import ssl
+import tomllib
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -168,6 +169,42 @@ def test_namespaces_are_the_release_namespace_unless_listed(tmp_path: Path) -> N
     assert listed.watch_namespaces == ("inference", "batch") and not listed.cluster_wide
     wide = settings_of(render(CLUSTER_WIDE), tmp_path).kube
     assert wide.watch_namespaces == () and wide.cluster_wide
+
+
+# -- the image: a full reference, pinned by digest when one is given ------------------------
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+def _image(values: dict[str, Any]) -> str:
+    (container,) = pod_spec(render(values))["containers"]
+    image: str = container["image"]
+    return image
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ({}, "{registry}/{repository}:{version}"),
+    ({"image": {"tag": "0.2.0-rc1"}}, "{registry}/{repository}:0.2.0-rc1"),
+    ({"image": {"digest": DIGEST}}, "{registry}/{repository}@" + DIGEST),
+    ({"image": {"tag": "0.2.0", "digest": DIGEST}}, "{registry}/{repository}@" + DIGEST),
+    ({"image": {"registry": "registry.example.com:5000/", "repository": "ml/scaler"}},
+     "registry.example.com:5000/ml/scaler:{version}"),
+    ({"image": {"registry": "", "repository": "scaler"}}, "scaler:{version}"),
+], ids=["defaults", "tag", "digest", "digest-over-tag", "own-registry", "no-registry"])
+def test_the_image_is_a_full_reference(values: dict[str, Any], expected: str) -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())["image"]
+    package = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    # scripts/build-image tags the image with the package's version: the chart's default
+    # tag (its appVersion) must be that version, or the default reference names no image.
+    assert chart["appVersion"] == package
+    assert _image(values) == expected.format(version=chart["appVersion"], **defaults)
+
+
+@pytest.mark.parametrize("digest", ["0123abcd", "sha256:" + "A" * 64, "sha512:" + "0" * 128])
+def test_a_malformed_digest_fails_with_what_to_set(digest: str) -> None:
+    with pytest.raises(helm.HelmError, match="image.digest"):
+        render({"image": {"digest": digest}})
 
 
 @pytest.mark.parametrize(("values", "message"), [

@@ -569,30 +569,111 @@ def test_without_a_reported_arrival_rate_flow_balance_estimates_it() -> None:
     assert desired == 6
 
 
-def _first_drop_after(sim: Sim, *, start: float, high: float, low: float) -> float:
-    """Run high load then low load from `start`; the seconds from the last high reading
-    until the count first falls."""
-    for t in range(int(start), int(start) + 60, 10):
-        sim.step(t, snap(running=high))
-    held = sim.current
-    for t in range(int(start) + 60, int(start) + 700, 5):
-        if sim.step(t, snap(running=low)) < held:
-            return t - (start + 50)
-    return math.inf
+def _overload_then_drain(sim: Sim) -> None:
+    """10 req/s steady, a step that queues 30/s more for 30 s (flow balance: 43 req/s)."""
+    for t in range(0, 40, 2):
+        sim.step(t, types.SignalSnapshot(in_flight=value(10), queue_depth=value(0),
+                                         completion_rate=value(10)))
+    for t in range(40, 71, 2):
+        sim.step(t, types.SignalSnapshot(in_flight=value(20), queue_depth=value(30.0 * (t - 40)),
+                                         completion_rate=value(13)))
 
 
-def test_restart_aware_holding_weighs_a_pod_start_against_idle_time() -> None:
-    hpa = Sim(policy(), current=1)
-    assert _first_drop_after(hpa, start=0, high=80, low=20) == pytest.approx(300, abs=5)
-    aware = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=1)
-    # Nothing learned: hold idle replicas one pod start (30 + 20 + 10 s), then release.
-    assert _first_drop_after(aware, start=0, high=80, low=20) == pytest.approx(60, abs=5)
-    # The load dropped at t=60; it comes back at t=240, 180 s later: from then on drops
-    # are held 1.25 x 180 = 225 s, within the 300 s window.
-    for t in range(120, 240, 5):
-        aware.step(t, snap(running=20))
-    aware.step(240, snap(running=80))
-    assert aware.state.return_gap_s == pytest.approx(180)
-    held = _first_drop_after(aware, start=2000, high=80, low=20)
-    assert held == pytest.approx(225, abs=10)
-    assert held <= 300   # the policy's window stays the longest hold
+def test_a_draining_backlog_is_not_read_as_load() -> None:
+    p = policy(signals={"concurrency": {"targetPerReplica": 10},
+                        "queueDepth": {"targetWaitingPerReplica": 2}})
+    sim = Sim(p, current=1)
+    _overload_then_drain(sim)
+    assert sim.current == 6
+    # The replicas arrive and work the backlog off: 900 waiting are admitted at once, the
+    # queue is empty and the running count falls 20 a second as they finish 63/s (43
+    # arriving + 20 of the backlog). Concurrency reads 920 / 10 = 92 replicas; the load
+    # is 43 x 0.1 = 4.3, and the count must not buy the 92.
+    for t in range(72, 110, 2):
+        running = 920.0 - 20.0 * (t - 72)
+        desired = sim.step(t, types.SignalSnapshot(
+            in_flight=value(running), queue_depth=value(0), completion_rate=value(63)))
+        assert desired <= 6, (t, running)
+    assert sim.last is not None
+    load = next(s for s in sim.last.steps if s.name == "load")
+    assert "draining a backlog" in load.detail
+    concurrency = next(s for s in sim.last.signals if s.name == "concurrency")
+    assert concurrency.recommendation is not None and concurrency.recommendation <= 6
+
+
+def test_a_falling_load_without_an_overload_is_load() -> None:
+    # The running count falls as fast, but nothing queued before: the load itself fell
+    # and the count follows the concurrency it reads, not a learned rate.
+    p = policy(signals={"concurrency": {"targetPerReplica": 10},
+                        "queueDepth": {"targetWaitingPerReplica": 2}})
+    sim = Sim(p, current=8)
+    for t in range(0, 40, 2):
+        sim.step(t, types.SignalSnapshot(in_flight=value(80), queue_depth=value(0),
+                                         completion_rate=value(80)))
+    for t in range(40, 70, 2):
+        running = 80.0 - 2.0 * (t - 40)
+        sim.step(t, types.SignalSnapshot(in_flight=value(running), queue_depth=value(0),
+                                         completion_rate=value(running)))
+    assert sim.last is not None
+    load = next(s for s in sim.last.steps if s.name == "load")
+    assert "draining" not in load.detail
+    assert all(s.name != "arrival_rate" for s in sim.last.signals)
+
+
+def _square(sim: Sim, *, start: int, on_s: int, off_s: int, cycles: int
+            ) -> list[tuple[int, int]]:
+    """A square wave of running requests (80 on, 20 off); the count at each 5 s step."""
+    counts = []
+    for cycle in range(cycles):
+        begin = start + cycle * (on_s + off_s)
+        for t in range(begin, begin + on_s + off_s, 5):
+            running = 80.0 if t < begin + on_s else 20.0
+            counts.append((t, sim.step(t, snap(running=running))))
+    return counts
+
+
+def test_restart_aware_plans_a_return_that_keeps_coming() -> None:
+    # 80 running on for 300 s, 20 for 400 s; 10 per replica: 8 replicas on, 2 off. Pod
+    # start 30 + 20 + 10 = 60 s; a return is planned 60 + 60 s ahead of its time.
+    hpa = Sim(policy(), current=8)
+    aware = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=8)
+    held = _square(hpa, start=0, on_s=300, off_s=400, cycles=4)
+    planned = _square(aware, start=0, on_s=300, off_s=400, cycles=4)
+    # The HPA's window holds the 8 for 300 s of every 400 s off; so does the restart-aware
+    # engine until load has come back twice after about the same gap.
+    assert [c for t, c in held if 300 <= t < 595] == [8] * 59
+    assert [c for t, c in planned if 1000 <= t < 1295] == [8] * 59
+    assert aware.state.returns >= 2
+    assert aware.state.return_gap_s == pytest.approx(400, abs=10)
+    # The third off phase (1700-2100 s): released after one SLO window (60 s), and back
+    # at 8 one time to ready + 60 s ahead of the return (t = 2100 - 120), not after it.
+    count = dict(planned)
+    assert count[1700 + 60] < 8
+    assert min(c for t, c in planned if 1700 <= t < 2100) == 2
+    assert count[2100 - 120] == 8 and count[2100 - 125] < 8
+    assert all(c == 8 for t, c in planned if 2100 - 120 <= t < 2400)
+    # Replica-seconds over the last two periods, once the pattern is known.
+    assert (sum(c for t, c in planned if t >= 1400)
+            < 0.9 * sum(c for t, c in held if t >= 1400))
+
+
+def test_restart_aware_keeps_the_window_through_dips_and_forgets_a_pattern() -> None:
+    aware = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=8)
+    # Dips shorter than a restart (40 s) are no pattern: the window holds throughout.
+    counts = _square(aware, start=0, on_s=100, off_s=40, cycles=6)
+    assert min(c for _, c in counts) == 8
+    assert aware.state.returns == 0
+    # A pattern (twice back after 400 s), then the load stays away: the planned return
+    # is started, and the pattern dropped once 1.25 x the gap has passed.
+    _square(aware, start=1000, on_s=300, off_s=400, cycles=3)
+    assert aware.state.returns >= 2
+    started = []
+    for t in range(3100, 4000, 5):
+        started.append((t, aware.step(t, snap(running=80 if t < 3400 else 20))))
+    # Due at 3400 + 400: started 120 s before, given up 100 s after (1.25 x 400).
+    assert dict(started)[3800 - 120] == 8
+    assert aware.state.return_gap_s is None and aware.state.returns == 0
+    # Then the policy's window again: the 8 held through 3900 + 300 s.
+    assert all(c == 8 for t, c in started if 3680 <= t)
+
+

@@ -121,13 +121,14 @@ def test_rate_limits_never_exceeded_over_any_period(
         return sum(c for t, c in changes if end - period < t <= end)
 
     for end, change in changes:
-        if change == 0:
-            continue
-        # At every change, the net movement within each direction's period ending then
-        # never exceeds its allowance (an up move may be offset by a down move within the
-        # same period, as in the HPA, whose period starts at the count before it).
-        assert net(end, up_period) <= up_pods
-        assert -net(end, down_period) <= down_pods
+        # At every move, the net movement within that direction's period ending then never
+        # exceeds its allowance (an up move may be offset by a down move within the same
+        # period, as in the HPA, whose period starts at the count before it). A move never
+        # goes against its direction's limit either: the down limit never lifts a count.
+        if change > 0:
+            assert net(end, up_period) <= up_pods
+        elif change < 0:
+            assert -net(end, down_period) <= down_pods
 
 
 @settings(max_examples=100, deadline=None)

@@ -144,3 +144,21 @@ namespaces, certificate and secret file paths); secret values are taken out. */}
 {{- end -}}
 {{- toYaml $s -}}
 {{- end -}}
+
+{{/* The image reference: registry/repository@digest when image.digest is set, else
+registry/repository:tag (the tag defaults to the chart's appVersion). An empty registry
+leaves repository as given (a local or kind image). */}}
+{{- define "scaler.image" -}}
+{{- $image := .Values.image -}}
+{{- $name := $image.repository -}}
+{{- if not $name }}{{ fail "image.repository: give the image's repository" }}{{ end -}}
+{{- with $image.registry }}{{ $name = printf "%s/%s" (trimSuffix "/" .) $name }}{{ end -}}
+{{- if $image.digest -}}
+{{- if not (regexMatch "^sha256:[0-9a-f]{64}$" $image.digest) -}}
+{{- fail (printf "image.digest: %q is not sha256: and 64 hex digits (the digest scripts/build-image prints)" $image.digest) -}}
+{{- end -}}
+{{- printf "%s@%s" $name $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $name (default .Chart.AppVersion $image.tag) -}}
+{{- end -}}
+{{- end -}}
