@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from scaler.actuators import client as kube
-from scaler.actuators import resources, selectors, timefmt, timeline, watch
+from scaler.actuators import replicas, resources, selectors, timefmt, timeline, watch
 from scaler.actuators import settings as kube_settings
 from scaler.engine import types
 from scaler.policy import model
@@ -195,7 +195,7 @@ class KubeClusterReader:
         ref = resources.target_ref(policy, plurals=self.settings.resource_plurals)
         await self.wait_synced(ref.namespace)
         scale = await self.api.get(ref.scale_path)
-        current = int((scale.get("spec") or {}).get("replicas") or 0)
+        current = replicas.spec_replicas(scale)
         raw_selector = (scale.get("status") or {}).get("selector")
         if raw_selector:
             selector = selectors.parse_selector(str(raw_selector))
