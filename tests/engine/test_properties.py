@@ -145,3 +145,36 @@ def test_same_inputs_give_the_same_output(p: Any, start: int, timeline: Any) -> 
     b = engine_decide.decide(p, snapshot=snapshot, cluster=cluster,
                              state=types.EngineState(), now=now)
     assert a == b
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(8, 40), st.lists(st.tuples(
+    st.floats(min_value=0.5, max_value=30), st.floats(0, 1), st.floats(0, 1), st.floats(0, 1),
+    st.floats(0, 10)), min_size=1, max_size=40))
+def test_never_pinned_at_max_while_every_capacity_signal_reads_under_half(
+    top: int, timeline: list[tuple[float, float, float, float, float]]
+) -> None:
+    # Concurrency (10 per replica), tokens/s (1,000 per replica) and the arrival rate
+    # (0.1 replicas per req/s once learned) all read under half of max, the queue within
+    # what the ready replicas hold (2 per replica) and latency anywhere up to 10x the SLO:
+    # the count may rise, never to max. (The guard acts only under overload; the look-ahead
+    # extrapolates at most the history it has seen.)
+    p = policy(replicas={"min": 1, "max": top},
+               signals={"concurrency": {"targetPerReplica": 10},
+                        "queueDepth": {"targetWaitingPerReplica": 2},
+                        "tokensPerSecond": {"capacityPerReplica": 1000},
+                        "p95Latency": {"metric": "ttft", "sloSeconds": 2.0}})
+    half = top / 2 - 1          # strictly under half, whatever the rounding
+    sim = Sim(p, current=1)
+    t = 0.0
+    for dt, running, tokens, rate, slo_multiple in timeline:
+        t += dt
+        ready = sim.current
+        sim.step(t, types.SignalSnapshot(
+            in_flight=types.SignalValue(running * half * 10, 0.0, True),
+            tokens_per_second=types.SignalValue(tokens * half * 1000, 0.0, True),
+            queue_depth=types.SignalValue(2.0 * ready * min(running, 1.0), 0.0, True),
+            arrival_rate=types.SignalValue(rate * half * 10, 0.0, True),
+            completion_rate=types.SignalValue(rate * half * 10, 0.0, True),
+            p95_latency=types.SignalValue(2.0 * slo_multiple, 0.0, True)))
+        assert sim.current < top, sim.last
