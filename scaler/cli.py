@@ -56,17 +56,21 @@ def _register_simulate(subparsers: argparse._SubParsersAction[Any]) -> None:
     options come from the simulator's modules, which need numpy."""
     try:
         from scaler.sim import cli as sim_cli
+        from scaler.sim import loadtest_cli, server_cli
     except ModuleNotFoundError as error:
         extra = _missing_extra(error)
         if extra is None:
             raise
         # No option prefix: every word (--help too) is taken, whatever simulate's were.
-        stub = subparsers.add_parser("simulate", add_help=False, prefix_chars="\0",
-                                     help=f"(needs the '{extra}' extra)")
-        stub.add_argument("words", nargs="*")
-        stub.set_defaults(handler=_raise(error))
+        for name in ("simulate", "sim-server", "loadtest"):
+            stub = subparsers.add_parser(name, add_help=False, prefix_chars="\0",
+                                         help=f"(needs the '{extra}' extra)")
+            stub.add_argument("words", nargs="*")
+            stub.set_defaults(handler=_raise(error))
         return
     sim_cli.register(subparsers)
+    server_cli.register(subparsers)
+    loadtest_cli.register(subparsers)
 
 
 def _raise(error: ModuleNotFoundError) -> Callable[[argparse.Namespace], int]:

@@ -42,7 +42,14 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     rules.add_argument("--placeholder", action="store_true",
                        help="the placeholder node-pool actuator is on (Deployment create)")
     rules.add_argument("--placeholder-namespace", metavar="NS")
+    rules.add_argument("--capacitybuffer", action="store_true",
+                       help="the capacitybuffer node-pool actuator is on (CapacityBuffer and "
+                       "PodTemplate create)")
+    rules.add_argument("--capacitybuffer-namespace", metavar="NS")
     rules.add_argument("--clusterapi", action="store_true", help="Cluster API node pools")
+    rules.add_argument("--policy-resources", action="store_true",
+                       help="ScalePolicy resources are read and their status written "
+                       "(policies.resources)")
     rules.add_argument("--clusterapi-namespace", metavar="NS")
     rules.add_argument("--scale-target", action="append", default=[],
                        metavar="GROUP/RESOURCE", help="another kind to scale, e.g. "
@@ -58,13 +65,18 @@ def _rbac(args: argparse.Namespace) -> int:
                 else kube_settings.KubeSettings(
                     lease=kube_settings.LeaseSettings(namespace=args.namespace),
                     placeholder=kube_settings.PlaceholderSettings(namespace=args.namespace),
+                    capacitybuffer=kube_settings.CapacityBufferSettings(
+                        namespace=args.namespace),
                 )).model_dump()
         if args.watch_namespaces:
             data["watch_namespaces"] = args.watch_namespaces
         data["cluster_wide"] = data["cluster_wide"] or args.cluster_wide
         data["placeholder"]["enabled"] = data["placeholder"]["enabled"] or args.placeholder
+        data["capacitybuffer"]["enabled"] = (data["capacitybuffer"]["enabled"]
+                                             or args.capacitybuffer)
         for key, value in (("lease", args.lease_namespace),
-                           ("placeholder", args.placeholder_namespace)):
+                           ("placeholder", args.placeholder_namespace),
+                           ("capacitybuffer", args.capacitybuffer_namespace)):
             if value:
                 data[key]["namespace"] = value
         if args.clusterapi_namespace:
@@ -81,7 +93,8 @@ def _rbac(args: argparse.Namespace) -> int:
             policy_namespaces=[p.metadata.namespace for p in policies.policies],
             clusterapi=args.clusterapi or bool(args.clusterapi_namespace),
             metrics_api=not args.no_metrics_api,
-            extra_scale_targets=[rbac.ScaleTarget.parse(t) for t in args.scale_target])
+            extra_scale_targets=[rbac.ScaleTarget.parse(t) for t in args.scale_target],
+            policy_resources=args.policy_resources)
     except ValueError as error:
         print(f"scaler kube rbac: {error}", file=sys.stderr)
         return 2

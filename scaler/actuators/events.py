@@ -57,8 +57,9 @@ class EventRecorder:
         return True
 
     async def record(self, ref: resources.ObjectRef, *, reason: str, message: str,
-                     warning: bool = False) -> bool:
-        """Post one Event about `ref`; returns whether it was posted."""
+                     warning: bool = False, uid: str | None = None) -> bool:
+        """Post one Event about `ref` (with its `uid`, `kubectl describe` lists it); returns
+        whether it was posted."""
         if not self.settings.enabled:
             return False
         if not self._take(ref.key):
@@ -69,7 +70,7 @@ class EventRecorder:
         body = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": f"{ref.name}.", "namespace": ref.namespace},
-            "involvedObject": ref.involved_object(),
+            "involvedObject": ref.involved_object(uid),
             "reason": reason,
             "message": message[:1024],
             "type": "Warning" if warning else "Normal",

@@ -54,12 +54,16 @@ def placeholder_template(pool: model.NodePool, plan: types.NodePlan, *,
     return {"metadata": {"labels": labels}, "spec": spec}
 
 
+def template_digest(template: kube.Obj) -> str:
+    """What `HASH_ANNOTATION` holds: the API server adds defaults to a stored template, so
+    comparing templates would always differ; a hash of what we asked for tells us instead."""
+    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def placeholder_deployment(pool: model.NodePool, plan: types.NodePlan, *,
                            settings: kube_settings.PlaceholderSettings) -> kube.Obj:
     template = placeholder_template(pool, plan, settings=settings)
-    # The API server adds defaults to a stored template, so comparing templates would
-    # always differ; a hash of what we asked for, kept in an annotation, tells us instead.
-    digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:16]
+    digest = template_digest(template)
     labels = {timeline.PLACEHOLDER_LABEL: "true", POOL_LABEL: pool.name}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
@@ -125,7 +129,7 @@ class PlaceholderActuator(_PoolActuator):
         template: tuple[kube.Obj, ...] = ()
         if digest != wanted_digest:
             template = ({"op": "add", "path": "/spec/template", "value": want["spec"]["template"]},
-                        _annotation_op(current, HASH_ANNOTATION, wanted_digest))
+                        annotation_op(current, HASH_ANNOTATION, wanted_digest))
         written = await replicas.guarded_patch(self.api, path, read=current,
                                                replicas=plan.placeholder_pods, also=template)
         if written.outcome is not base.Outcome.APPLIED:
@@ -135,7 +139,7 @@ class PlaceholderActuator(_PoolActuator):
         return outcome(base.Outcome.APPLIED, current_pods, "; ".join(plan.reasons) or "resized")
 
 
-def _annotation_op(obj: kube.Obj, key: str, value: str) -> kube.Obj:
+def annotation_op(obj: kube.Obj, key: str, value: str) -> kube.Obj:
     """A JSON patch op setting one annotation, keeping the others (the deployment controller
     keeps its revision there); `/` in the key is `~1` in a JSON pointer."""
     if isinstance((obj.get("metadata") or {}).get("annotations"), dict):

@@ -15,7 +15,8 @@ import yaml
 from scaler.actuators import settings as kube_settings
 from scaler.core import errors
 
-Scope = Literal["cluster", "targets", "lease", "placeholder", "clusterapi"]
+Scope = Literal["cluster", "targets", "lease", "placeholder", "clusterapi", "capacitybuffer",
+                "policies"]
 Obj = dict[str, Any]  # one manifest, as YAML loads it
 
 API_VERSION = "rbac.authorization.k8s.io/v1"
@@ -25,7 +26,8 @@ API_VERSION = "rbac.authorization.k8s.io/v1"
 class Rule:
     """One RBAC rule. scope: where it is granted: `cluster` (a ClusterRole: nodes are not
     namespaced), `targets` (a Role in each watched namespace, or one ClusterRole when
-    cluster-wide), `lease` / `placeholder` / `clusterapi` (a Role in that one namespace)."""
+    cluster-wide), `lease` / `placeholder` / `clusterapi` / `capacitybuffer` (a Role in that
+    one namespace)."""
 
     api_group: str
     resources: tuple[str, ...]
@@ -48,6 +50,11 @@ RULES: tuple[Rule, ...] = (
     Rule("keda.sh", ("scaledobjects",), ("list",), "targets",
          "do not fight a KEDA ScaledObject (optional: 403/404 read as none)"),
     Rule("", ("events",), ("create",), "targets", "an Event per applied change"),
+    Rule("scaler.io", ("scalepolicies",), ("list", "watch"), "policies",
+         "ScalePolicy resources as policies (only with policies.resources; granted with the "
+         "targets' rules, where the targets are)"),
+    Rule("scaler.io", ("scalepolicies/status",), ("patch",), "policies",
+         "the leader writes each ScalePolicy resource's status"),
     Rule("coordination.k8s.io", ("leases",), ("get", "create", "update"), "lease",
          "leader election on one Lease"),
     Rule("apps", ("deployments",), ("get", "create", "patch"), "placeholder",
@@ -56,6 +63,11 @@ RULES: tuple[Rule, ...] = (
          "read a pool's MachineDeployment and its autoscaler bounds"),
     Rule("cluster.x-k8s.io", ("machinedeployments/scale",), ("patch",), "clusterapi",
          "set a pool's machine count"),
+    Rule("autoscaling.x-k8s.io", ("capacitybuffers",), ("get", "create", "patch"),
+         "capacitybuffer", "the CapacityBuffers of node pools (only with "
+         "kube.capacitybuffer.enabled)"),
+    Rule("", ("podtemplates",), ("get", "create", "patch"), "capacitybuffer",
+         "the PodTemplate each CapacityBuffer names (one warm node's shape)"),
 )
 
 
@@ -116,8 +128,10 @@ class Plan:
     lease_namespace: str | None  # None: no Lease (kube.lease.enabled false)
     placeholder_namespace: str | None  # None: the placeholder actuator is off
     clusterapi_namespace: str | None  # None: no Cluster API node pools
+    capacitybuffer_namespace: str | None  # None: the capacitybuffer actuator is off
     metrics_api: bool  # the APIService is registered: delegations and the HPA's reader
     extra_scale_targets: tuple[ScaleTarget, ...] = ()
+    policy_resources: bool = False  # ScalePolicy resources are read (policies.resources)
 
     @property
     def subject(self) -> Obj:
@@ -128,7 +142,8 @@ class Plan:
 def plan(settings: kube_settings.KubeSettings, *, name: str, namespace: str,
          service_account: str | None = None, policy_namespaces: Iterable[str] = (),
          clusterapi: bool = False, metrics_api: bool = True,
-         extra_scale_targets: Sequence[ScaleTarget] = ()) -> Plan:
+         extra_scale_targets: Sequence[ScaleTarget] = (), policy_resources: bool = False
+         ) -> Plan:
     """The grants the service needs with `settings`. Target namespaces: cluster-wide, else
     `watch_namespaces`, else the policies' namespaces (ValueError when none is known)."""
     targets: tuple[str, ...] = ()
@@ -144,7 +159,10 @@ def plan(settings: kube_settings.KubeSettings, *, name: str, namespace: str,
         placeholder_namespace=(settings.placeholder.namespace
                                if settings.placeholder.enabled else None),
         clusterapi_namespace=settings.clusterapi_namespace if clusterapi else None,
-        metrics_api=metrics_api, extra_scale_targets=tuple(extra_scale_targets))
+        capacitybuffer_namespace=(settings.capacitybuffer.namespace
+                                  if settings.capacitybuffer.enabled else None),
+        metrics_api=metrics_api, extra_scale_targets=tuple(extra_scale_targets),
+        policy_resources=policy_resources)
 
 
 def _rules(scope: Scope, extra: Sequence[ScaleTarget] = ()) -> list[Obj]:
@@ -176,19 +194,22 @@ def _role(name: str, namespace: str | None, rules: list[Obj], subject: Obj) -> l
 def manifests(grants: Plan) -> list[Obj]:
     """Every object that grants what `grants` says: the ServiceAccount; a ClusterRole for
     nodes; Roles per target namespace (ClusterRole when cluster-wide); the Lease,
-    placeholder and Cluster API Roles; the metrics API's bindings."""
+    placeholder, Cluster API and CapacityBuffer Roles; the metrics API's bindings."""
     name, subject = grants.name, grants.subject
     documents: list[Obj] = [{"apiVersion": "v1", "kind": "ServiceAccount",
                              "metadata": _metadata(grants.service_account, grants.namespace)}]
     documents += _role(f"{name}-nodes", None, _rules("cluster"), subject)
     targets = _rules("targets", grants.extra_scale_targets)
+    if grants.policy_resources:
+        targets += _rules("policies")
     if grants.cluster_wide:
         documents += _role(f"{name}-targets", None, targets, subject)
     for namespace in grants.target_namespaces:
         documents += _role(f"{name}-targets", namespace, targets, subject)
     single: tuple[tuple[Scope, str | None], ...] = (
         ("lease", grants.lease_namespace), ("placeholder", grants.placeholder_namespace),
-        ("clusterapi", grants.clusterapi_namespace))
+        ("clusterapi", grants.clusterapi_namespace),
+        ("capacitybuffer", grants.capacitybuffer_namespace))
     for scope, where in single:
         if where is not None:
             documents += _role(f"{name}-{scope}", where, _rules(scope), subject)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
@@ -113,6 +113,25 @@ class PlaceholderSettings(core_settings.Group):
         "none. Default: the nvidia.com/gpu taint that GPU node pools usually carry.")
 
 
+class CapacityBufferSettings(core_settings.Group):
+    """The `capacitybuffer` node-pool actuator: one CapacityBuffer (Cluster Autoscaler's
+    autoscaling.x-k8s.io API) and the PodTemplate it references per pool, in `namespace`."""
+
+    enabled: bool = Field(
+        default=False, description="Run the capacitybuffer node-pool actuator, which creates "
+        "and patches CapacityBuffers and PodTemplates in `namespace` (and needs RBAC for "
+        "that there only). Off: pools naming actuator `capacitybuffer` are planned and "
+        "reported, nothing is created.")
+    namespace: str = Field(
+        default="scaler-system", description="Namespace of the CapacityBuffers and their "
+        "PodTemplates (a buffer references a PodTemplate of its own namespace only); the "
+        "Helm chart's default namespace, where the scaler runs.")
+    version: Literal["v1alpha1", "v1beta1"] = Field(
+        default="v1alpha1", description="API version of autoscaling.x-k8s.io CapacityBuffers "
+        "to write. v1alpha1: served by Cluster Autoscaler 1.34 and later (deprecated from "
+        "1.35, which stores v1beta1); v1beta1 needs 1.35 or later.")
+
+
 class KubeSettings(core_settings.Group):
     """How the scaler reaches the Kubernetes API.
 
@@ -177,6 +196,10 @@ class KubeSettings(core_settings.Group):
     placeholder: PlaceholderSettings = Field(
         default_factory=PlaceholderSettings,
         description="Pause pods that keep warm GPU nodes (the placeholder node-pool actuator).")
+    capacitybuffer: CapacityBufferSettings = Field(
+        default_factory=CapacityBufferSettings,
+        description="CapacityBuffers that keep warm GPU nodes (the capacitybuffer node-pool "
+        "actuator).")
 
     @model_validator(mode="after")
     def _one_scope(self) -> KubeSettings:

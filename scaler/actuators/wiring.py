@@ -7,7 +7,16 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from scaler.actuators import base, cluster_reader, events, leader, nodepool, replicas, timefmt
+from scaler.actuators import (
+    base,
+    capacitybuffer,
+    cluster_reader,
+    events,
+    leader,
+    nodepool,
+    replicas,
+    timefmt,
+)
 from scaler.actuators import client as kube
 from scaler.actuators import settings as kube_settings
 from scaler.policy import model
@@ -85,6 +94,12 @@ async def connect(settings: kube_settings.KubeSettings, *, identity: str,
         # Least privilege: without the switch the scaler creates no Deployment anywhere.
         log.info("placeholder node-pool actuator off (kube.placeholder.enabled): pools "
                  "naming it are planned and reported only")
+    if settings.capacitybuffer.enabled:
+        pools["capacitybuffer"] = capacitybuffer.CapacityBufferActuator(
+            api, settings=settings, leader=elector)
+    else:
+        log.info("capacitybuffer node-pool actuator off (kube.capacitybuffer.enabled): "
+                 "pools naming it are planned and reported only")
     return KubeAdapters(
         api=api,
         reader=cluster_reader.KubeClusterReader(api, settings=settings, wall_clock=wall_clock),

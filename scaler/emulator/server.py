@@ -16,6 +16,7 @@ from aiohttp import web
 from scaler.actuators import selectors
 from scaler.emulator import (
     apierrors,
+    crds,
     deployments,
     discovery,
     events,
@@ -168,8 +169,10 @@ class KubeEmulator:
     def __init__(self, *, clock: Callable[[], float], options: EmulatorOptions | None = None
                  ) -> None:
         self.options = options or EmulatorOptions()
-        self.store = Store(types=(*self.options.types, *reviews.TYPES, events.EVENTS_V1),
+        self.store = Store(types=(*self.options.types, *reviews.TYPES, events.EVENTS_V1,
+                                  crds.CRD_TYPE),
                            clock=clock, history=self.options.history)
+        self.custom_resources = crds.CustomResources(self.store)
         self.reviews = reviews.Reviews()
         """TokenReview and SubjectAccessReview answers: tests fill its tables."""
         self.faults: list[Fault] = []
@@ -461,12 +464,17 @@ class KubeEmulator:
     def _outbound(route: _Route, obj: Obj) -> Obj:
         return events.from_core(obj) if route.rtype == events.EVENTS_V1 else obj
 
-    @staticmethod
-    def _checker(route: _Route) -> Callable[[Obj], None]:
+    def _checker(self, route: _Route) -> Callable[[Obj], None]:
         """Validate an object about to be stored (defaults applied, name generated)."""
         rtype = route.rtype
 
         def check(obj: Obj) -> None:
+            schema_errors = self.custom_resources.check(
+                rtype.key, obj, status=route.subresource == "status")
+            if schema_errors:
+                raise apierrors.invalid(kind=rtype.kind, group=rtype.group,
+                                        name=str(obj["metadata"].get("name", "")),
+                                        errors=schema_errors)
             if route.subresource == "status":
                 return
             if rtype == events.EVENTS_V1:

@@ -82,6 +82,10 @@ DEFAULT_TYPES: tuple[ResourceType, ...] = (
                  builtin=False, generation=True, unconditional_update=False),
     _scaled(group="cluster.x-k8s.io", version="v1beta1", plural="machinedeployments",
             kind="MachineDeployment", builtin=False),
+    # Cluster Autoscaler's warm capacity: a CapacityBuffer names a PodTemplate of its namespace.
+    ResourceType("", "v1", "podtemplates", "PodTemplate"),
+    ResourceType("autoscaling.x-k8s.io", "v1alpha1", "capacitybuffers", "CapacityBuffer",
+                 has_status=True, builtin=False, generation=True, unconditional_update=False),
     # The CRD with a scale subresource: LeaderWorkerSet, as multi-node inference uses it.
     _scaled(group="leaderworkerset.x-k8s.io", version="v1", plural="leaderworkersets",
             kind="LeaderWorkerSet", builtin=False),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import pydantic
 import yaml
@@ -21,14 +21,22 @@ MAX_FILE_BYTES = 1024 * 1024
 refused before parsing (`policies.max_file_bytes` in the service)."""
 
 
+Reason = Literal["unreadable", "yaml", "not_a_policy", "invalid_field", "duplicate"]
+REASONS: tuple[Reason, ...] = get_args(Reason)
+"""What kind of problem a PolicyError is: a closed set, so it can be a metric label
+(`scaler_policy_invalid{reason}`) where the message, free text, cannot."""
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyError:
-    """One problem in one document: `path` file, `document` index (0-based), `field` path."""
+    """One problem in one document: `path` file, `document` index (0-based), `field` path,
+    `reason` its kind (REASONS)."""
 
     path: str
     document: int | None
     field: str
     message: str
+    reason: Reason = "invalid_field"
 
     def __str__(self) -> str:
         where = self.path if self.document is None else f"{self.path} (document {self.document})"
@@ -92,7 +100,7 @@ class StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _validation_errors(exc: pydantic.ValidationError, path: str, index: int) -> list[PolicyError]:
+def validation_errors(exc: pydantic.ValidationError, path: str, index: int) -> list[PolicyError]:
     return [PolicyError(path=path, document=index, field=problem.field, message=problem.message)
             for problem in errors.field_problems(
                 exc, unknown_field="unknown field (check the spelling; fields are camelCase)")]
@@ -105,7 +113,7 @@ def parse_documents(text: str, path: str) -> LoadResult:
         documents = list(yaml.load_all(text, Loader=StrictLoader))  # a SafeLoader
     except yaml.YAMLError as exc:
         result.errors.append(PolicyError(path=path, document=None, field="",
-                                         message=errors.yaml_problem(exc)))
+                                         message=errors.yaml_problem(exc), reason="yaml"))
         return result
     for index, document in enumerate(documents):
         if document is None:
@@ -113,7 +121,8 @@ def parse_documents(text: str, path: str) -> LoadResult:
         if not isinstance(document, dict):
             result.errors.append(PolicyError(
                 path=path, document=index, field="",
-                message=f"expected a mapping (a ScalePolicy), got {type(document).__name__}"))
+                message=f"expected a mapping (a ScalePolicy), got {type(document).__name__}",
+                reason="not_a_policy"))
             continue
         if document.get("kind") not in (None, model.KIND):
             # Other Kubernetes objects may share a file (e.g. a ConfigMap bundle): not ours.
@@ -121,7 +130,7 @@ def parse_documents(text: str, path: str) -> LoadResult:
         try:
             policy = model.ScalePolicy.model_validate(document)
         except pydantic.ValidationError as exc:
-            result.errors.extend(_validation_errors(exc, path, index))
+            result.errors.extend(validation_errors(exc, path, index))
             continue
         result.loaded.append(LoadedPolicy(policy=policy, path=path, document=index))
     return result
@@ -155,7 +164,8 @@ def read_limited(path: Path, *, max_bytes: int) -> bytes:
 
 def _read(path: Path, *, max_bytes: int) -> str | PolicyError:
     def problem(message: str) -> PolicyError:
-        return PolicyError(path=str(path), document=None, field="", message=message)
+        return PolicyError(path=str(path), document=None, field="", message=message,
+                           reason="unreadable")
 
     try:
         data = read_limited(path, max_bytes=max_bytes)
@@ -196,6 +206,17 @@ def load_paths(
         part = parse_documents(text, str(path))
         result.errors.extend(part.errors)
         result.loaded.extend(part.loaded)
+    return _resolve_collisions(result, in_force or {})
+
+
+def combine(*parts: LoadResult, in_force: Mapping[str, LoadedPolicy] | None = None
+            ) -> LoadResult:
+    """Several loads as one (files first, then ScalePolicy resources), with the collisions
+    across them resolved as between two files: the policy in force wins, else the earlier."""
+    result = LoadResult()
+    for part in parts:
+        result.loaded.extend(part.loaded)
+        result.errors.extend(part.errors)
     return _resolve_collisions(result, in_force or {})
 
 
@@ -270,4 +291,4 @@ def _collision(item: LoadedPolicy, holder: LoadedPolicy, *,
         why = ("which wins (files load in path order, then by document): this definition "
                "is rejected")
     return PolicyError(path=item.path, document=item.document, field=field,
-                       message=f"{what} in {holder.where}, {why}")
+                       message=f"{what} in {holder.where}, {why}", reason="duplicate")

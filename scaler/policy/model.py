@@ -501,10 +501,12 @@ class NodePool(_Model):
     max_nodes: int | None = Field(
         default=None, ge=1, description="Most nodes the pool may have. None: no cap here "
         "(the cloud's quota or the MachineDeployment's max still applies).")
-    actuator: Literal["placeholder", "clusterapi", "none"] = Field(
+    actuator: Literal["placeholder", "clusterapi", "capacitybuffer", "none"] = Field(
         default="placeholder", description="How spare nodes are made: placeholder (pause "
         "pods the cluster autoscaler makes room for), clusterapi (scale a "
-        "MachineDeployment), none (plan only). Default: works with any cluster autoscaler.")
+        "MachineDeployment), capacitybuffer (a Cluster Autoscaler CapacityBuffer of "
+        "node-sized chunks, CA 1.34+), none (plan only). Default: works with any cluster "
+        "autoscaler.")
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="Node labels that pick the pool's nodes, also "
         "given to placeholder pods. Empty: any node with the GPU resource.")

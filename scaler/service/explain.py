@@ -7,8 +7,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from scaler.actuators import base as actuators
 from scaler.actuators import timefmt
 from scaler.engine import types as engine_types
+from scaler.service import conditions
+from scaler.service import history as decision_history
 from scaler.service import state as service_state
 
 
@@ -56,6 +59,7 @@ def decision_document(
             "budget_gpus": cluster.budget_gpus,
         },
         "counters": {"decisions": dict(status.decisions), "patches": dict(status.patches)},
+        "conditions": conditions.view(status.policy, observation),
     }
     return dict(_json_safe(document))
 
@@ -182,4 +186,101 @@ def describe(document: dict[str, Any]) -> str:
         for step in steps:
             count = "-" if step["replicas"] is None else str(step["replicas"])
             lines.append(f"  {step['name']:<11} {count:>4}  {step['detail']}")
+    if document.get("conditions"):
+        lines.append("Conditions (as on a ScalePolicy resource's status):")
+        for item in document["conditions"]:
+            lines.append(f"  {item['type']:<15} {item['status']:<7} {item['reason']}: "
+                         f"{item['message']}")
+    return "\n".join(lines)
+
+
+# -- history: `scaler explain --history N`, GET /v1/models/.../history --------------------
+
+# What became of a decided change, after its words: only outcomes that are not "done".
+_OUTCOME_WORDS: dict[str, str] = {
+    actuators.Outcome.DRY_RUN: "Dry run: not patched.",
+    actuators.Outcome.NOT_LEADER: "Not the leader: the leader patches.",
+    actuators.Outcome.CONFLICT: "The patch conflicted: {reason}.",
+    actuators.Outcome.FAILED: "The patch failed: {reason}.",
+    actuators.Outcome.SKIPPED_HPA_OWNED: "Not patched: {reason}.",
+}
+
+
+def event_message(event: Mapping[str, Any]) -> str:
+    """An event's message: the decision in words (winner, clamps, count change), then what
+    became of its patch when it was not simply applied."""
+    words = in_words(event)
+    note = _OUTCOME_WORDS.get(event.get("outcome") or "")
+    if note is None:
+        return words
+    return f"{words} {note.format(reason=event.get('apply_reason') or 'no reason given')}"
+
+
+def history_document(key: str, entries: list[decision_history.Entry], *, now: float,
+                     kept: int) -> dict[str, Any]:
+    """A model's history as JSON, oldest first: `entries` shown of `kept` in memory, times
+    as epoch seconds and RFC 3339, ages measured from `now`."""
+    events = []
+    for entry in entries:
+        event = {"type": str(entry.event.type), **dataclasses.asdict(entry.event),
+                 "first_at": entry.first_at, "last_at": entry.last_at,
+                 "first_time": timefmt.rfc3339(entry.first_at),
+                 "last_time": timefmt.rfc3339(entry.last_at), "count": entry.count}
+        event["reason"] = str(entry.event.reason)
+        event["message"] = event_message(event)
+        events.append(event)
+    document = {"model": key, "now": now, "time": timefmt.rfc3339(now), "kept": kept,
+                "events": events}
+    return dict(_json_safe(document))
+
+
+def age(seconds: float) -> str:
+    """A duration as kubectl prints ages: 45s, 4m30s, 45m, 3h20m, 30h, 3d4h, 45d, 2y.
+
+    The unit coarsens as the age grows, since 3h20m12s says nothing 3 h 20 min does not.
+    """
+    total = max(0, int(seconds))
+    minutes, hours, days = total // 60, total // 3600, total // 86400
+
+    def two(big: int, unit: str, small: int, small_unit: str) -> str:
+        return f"{big}{unit}" + (f"{small}{small_unit}" if small else "")
+
+    if total < 120:
+        return f"{total}s"
+    if total < 600:
+        return two(minutes, "m", total % 60, "s")
+    if total < 3 * 3600:
+        return f"{minutes}m"
+    if total < 8 * 3600:
+        return two(hours, "h", minutes % 60, "m")
+    if total < 48 * 3600:
+        return f"{hours}h"
+    if total < 8 * 86400:
+        return two(days, "d", hours % 24, "h")
+    if total < 2 * 365 * 86400:
+        return f"{days}d"
+    return f"{days // 365}y"
+
+
+def events_table(document: Mapping[str, Any]) -> str:
+    """A history document as `kubectl describe` prints Events: Type, Reason, Age, Message.
+
+    A repeated event reads "2m (x14 over 9m)": last seen 2 min ago, 14 times in 9 min.
+    """
+    events = document["events"]
+    if not events:
+        return "Events:  <none>"
+    now = document["now"]
+    rows = [("Type", "Reason", "Age", "Message"), ("----", "------", "---", "-------")]
+    for event in events:
+        when = age(now - event["last_at"])
+        if event["count"] > 1:
+            when += f" (x{event['count']} over {age(event['last_at'] - event['first_at'])})"
+        rows.append((event["type"], event["reason"], when, event["message"]))
+    widths = [max(len(row[column]) for row in rows) for column in range(3)]
+    shown = f"{len(events)} of {document['kept']}" if document["kept"] > len(events) else "all"
+    lines = [f"Events ({shown} kept, newest last, ages at {document['time']}):"]
+    lines.extend("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths,
+                                                                        strict=False))
+                 + "  " + row[3] for row in rows)
     return "\n".join(lines)

@@ -9,8 +9,14 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from scaler.service import explain
+from scaler.service import history as decision_history
 from scaler.service import state as service_state
 from scaler.signals import samples
+
+# GET .../history?limit=N: at most every entry one model can hold, so no request makes
+# the service render more than the ring keeps (356 entries, about 200 KB of JSON).
+HISTORY_LIMIT_MAX = decision_history.MAX_SCALE_EVENTS + decision_history.MAX_DECISIONS
+HISTORY_LIMIT_DEFAULT = 20
 
 
 def _error(status: int, message: str, **extra: Any) -> web.Response:
@@ -42,6 +48,8 @@ class HttpApi:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{namespace}/{model}/decision", self._decision)
         app.router.add_get("/v1/models/{model}/decision", self._decision_by_name)
+        app.router.add_get("/v1/models/{namespace}/{model}/history", self._history)
+        app.router.add_get("/v1/models/{model}/history", self._history_by_name)
         app.router.add_routes(self._extra)
         return app
 
@@ -83,14 +91,12 @@ class HttpApi:
             return _error(404, f"{status.key} has no decision yet", model=status.key)
         return web.json_response(explain.decision_document(status, status.last))
 
-    async def _decision(self, request: web.Request) -> web.Response:
+    def _by_key(self, request: web.Request) -> service_state.ModelStatus | web.Response:
         key = f"{request.match_info['namespace']}/{request.match_info['model']}"
         status = self._state.status(key)
-        if status is None:
-            return _error(404, f"no policy for model {key}")
-        return self._answer(status)
+        return _error(404, f"no policy for model {key}") if status is None else status
 
-    async def _decision_by_name(self, request: web.Request) -> web.Response:
+    def _by_name(self, request: web.Request) -> service_state.ModelStatus | web.Response:
         name = request.match_info["model"]
         found = self._state.find_by_name(name)
         if not found:
@@ -99,15 +105,44 @@ class HttpApi:
             keys = sorted(status.key for status in found)
             return _error(409, f"model {name!r} is in several namespaces; ask for one of "
                           + ", ".join(keys), candidates=keys)
-        return self._answer(found[0])
+        return found[0]
+
+    async def _decision(self, request: web.Request) -> web.Response:
+        found = self._by_key(request)
+        return found if isinstance(found, web.Response) else self._answer(found)
+
+    async def _decision_by_name(self, request: web.Request) -> web.Response:
+        found = self._by_name(request)
+        return found if isinstance(found, web.Response) else self._answer(found)
+
+    def _history_answer(self, request: web.Request,
+                        found: service_state.ModelStatus | web.Response) -> web.Response:
+        if isinstance(found, web.Response):
+            return found
+        text = request.query.get("limit", str(HISTORY_LIMIT_DEFAULT))
+        limit = int(text) if text.isdigit() else 0
+        if not 1 <= limit <= HISTORY_LIMIT_MAX:
+            return _error(400, f"limit: expected a whole number from 1 to "
+                          f"{HISTORY_LIMIT_MAX}, got {text[:20]!r}")
+        entries = self._state.history(found.key) or []
+        return web.json_response(explain.history_document(
+            found.key, entries[-limit:], now=self._clock(), kept=len(entries)))
+
+    async def _history(self, request: web.Request) -> web.Response:
+        return self._history_answer(request, self._by_key(request))
+
+    async def _history_by_name(self, request: web.Request) -> web.Response:
+        return self._history_answer(request, self._by_name(request))
 
 
-def decision_url(base_url: str, model: str, namespace: str | None) -> str:
-    """The /v1 URL for `model` ('name' or 'namespace/name') on the service at base_url."""
+def decision_url(base_url: str, model: str, namespace: str | None, *,
+                 endpoint: str = "decision") -> str:
+    """The /v1 URL for `model` ('name' or 'namespace/name') on the service at base_url;
+    `endpoint` 'history' for its history (add `?limit=N`)."""
     if "/" in model and namespace is None:
         namespace, _, model = model.partition("/")
     base = base_url.rstrip("/")
     if namespace:
-        return f"{base}/v1/models/{namespace}/{model}/decision"
-    return f"{base}/v1/models/{model}/decision"
+        return f"{base}/v1/models/{namespace}/{model}/{endpoint}"
+    return f"{base}/v1/models/{model}/{endpoint}"
 

@@ -6,14 +6,18 @@ import collections
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from scaler.policy import loader
 from scaler.service import state as service_state
 
 MODEL = ["namespace", "model"]
 COST = ["namespace", "model", "tenant", "cost_center"]
+CURRENCY = "in the policy's currency units (spec.cost.gpuHourly is the price of one GPU-hour)"
+"""Cost metrics carry no currency in their names (`scaler_cost_total`, not `_dollars`): the
+price is the policy's own, in whatever currency it was written in."""
 
 
 
@@ -80,15 +84,19 @@ class StateCollector(Collector):
                               COST)
         useful_hours = g.counter("scaler_useful_gpu_hours",
                                  "Busy share of allocated GPU-hours (estimated).", COST)
-        cost = g.counter("scaler_cost", "GPU cost (allocated GPU-hours x gpuHourly).", COST)
-        idle_cost = g.counter("scaler_idle_cost", "Cost of the idle share of GPU-hours.", COST)
+        cost = g.counter("scaler_cost", f"GPU cost (allocated GPU-hours x gpuHourly), {CURRENCY}.",
+                         COST)
+        idle_cost = g.counter("scaler_idle_cost",
+                              f"Cost of the idle share of GPU-hours, {CURRENCY}.", COST)
         requests = g.counter("scaler_requests", "Requests counted for cost per 1k requests.",
                              COST)
-        per_1k = g.gauge("scaler_cost_per_1k_requests", "cost / requests * 1000.", COST)
+        per_1k = g.gauge("scaler_cost_per_1k_requests",
+                         f"cost / requests * 1000, {CURRENCY}.", COST)
         tenant_per_1k = g.gauge("scaler_tenant_cost_per_1k_requests",
-                                "cost / requests * 1000 over a tenant's models.", ["tenant"])
+                                f"cost / requests * 1000 over a tenant's models, {CURRENCY}.",
+                                ["tenant"])
         center_per_1k = g.gauge("scaler_cost_center_cost_per_1k_requests",
-                                "cost / requests * 1000 over a cost centre's models.",
+                                f"cost / requests * 1000 over a cost centre's models, {CURRENCY}.",
                                 ["cost_center"])
 
         by_tenant: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
@@ -157,9 +165,12 @@ class StateCollector(Collector):
         models = g.gauge("scaler_policies_loaded", "Valid policies in force.", [])
         models.add_metric([], len(self._state.keys()))
         load = self._state.policy_load
+        # The label is the problem's kind, never its message: messages are free text (a
+        # misspelt field name is in them) and each distinct one would be a new series.
+        # Which field and why: the log, the PolicyInvalid Event and `scaler validate`.
         invalid = g.gauge("scaler_policy_invalid",
-                          "1 per problem in the latest policy load (file, field, why).",
-                          ["path", "field", "error"])
+                          "Problems in the latest policy load, by file and reason ("
+                          + ", ".join(loader.REASONS) + ").", ["path", "reason"])
         kept = g.gauge("scaler_policy_kept_last_good",
                        "1 per model whose new policy is invalid: the last good one runs.",
                        MODEL)
@@ -167,8 +178,9 @@ class StateCollector(Collector):
                             "Wall-clock time of the latest policy load.", [])
         if load is not None:
             loaded_at.add_metric([], load.at)
-            for error in load.errors:
-                invalid.add_metric([error.path, error.field, error.message], 1.0)
+            problems = collections.Counter((error.path, error.reason) for error in load.errors)
+            for (path, kind), count in sorted(problems.items()):
+                invalid.add_metric([path, kind], count)
             for key in load.kept:
                 namespace, _, name = key.partition("/")
                 kept.add_metric([namespace, name], 1.0)
@@ -208,6 +220,16 @@ class StateCollector(Collector):
                                  "unauthenticated, 403 unauthorised).", ["code"])
         for code, count in sorted(self._state.metrics_api_requests.items()):
             api_requests.add_metric([str(code)], count)
+        durations = self._state.evaluation_seconds
+        evaluation = HistogramMetricFamily(
+            "scaler_evaluation_duration_seconds",
+            "Time an evaluation takes, over all models: cluster read, decision and patch.",
+            labels=[])
+        evaluation.add_metric(
+            [], [*((str(bound), count) for bound, count in zip(durations.bounds,
+                                                            durations.counts, strict=True)),
+                 ("+Inf", durations.count)], sum_value=durations.total_s)
+        g.families.append(evaluation)
         yield from g.families
 
 

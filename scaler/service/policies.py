@@ -6,9 +6,10 @@ import asyncio
 import functools
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from scaler.policy import loader
 
@@ -75,12 +76,27 @@ def fingerprint(
 Apply = Callable[[PolicySet], Awaitable[None]]
 
 
+class ResourcePolicies(Protocol):
+    """Policies from ScalePolicy resources (`actuators.policy_resources.PolicyResources`)."""
+
+    def fingerprint(self) -> Hashable:
+        """Changes whenever a resource's spec does."""
+        ...
+
+    def load(self) -> loader.LoadResult:
+        """Every resource, parsed."""
+        ...
+
+
 class PolicyWatcher:
     """Polls the policy paths; loads and hands over a merged set when anything changed."""
 
     def __init__(self, paths: Sequence[Path], *, poll_seconds: float, apply: Apply,
-                 max_file_bytes: int = loader.MAX_FILE_BYTES) -> None:
+                 max_file_bytes: int = loader.MAX_FILE_BYTES,
+                 resources: ResourcePolicies | None = None) -> None:
         self.paths = tuple(paths)
+        self.resources = resources
+        self._resources_print: Hashable = None
         self.poll_seconds = poll_seconds
         self.max_file_bytes = max_file_bytes
         self._apply = apply
@@ -95,6 +111,11 @@ class PolicyWatcher:
         result = await asyncio.to_thread(
             functools.partial(loader.load_paths, self.paths, in_force=self.current.policies,
                               max_file_bytes=self.max_file_bytes))
+        if self.resources is not None:
+            # Files first: on a first load a file wins a collision with a resource.
+            self._resources_print = self.resources.fingerprint()
+            result = loader.combine(result, self.resources.load(),
+                                    in_force=self.current.policies)
         merged = merge(self.current.policies, result)
         self._print = current_print
         self.current = merged
@@ -116,6 +137,8 @@ class PolicyWatcher:
 
     async def changed(self) -> bool:
         current_print = await asyncio.to_thread(self._fingerprint)
+        if self.resources is not None and self.resources.fingerprint() != self._resources_print:
+            return True
         return current_print != self._print
 
     async def run(self) -> None:

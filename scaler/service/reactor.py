@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
@@ -163,7 +164,9 @@ class Reactor:
     async def _evaluate_with_retries(self, key: str) -> None:
         for _ in range(1 + self.max_conflict_retries):
             async with self._limit:
+                started = time.perf_counter()
                 outcome = await self.evaluate(key)
+                self.state.record_evaluation_seconds(time.perf_counter() - started)
             if outcome is not actuators.Outcome.CONFLICT or not self._models.accepting:
                 return
             # The cluster changed under us: re-read and re-decide.
@@ -205,7 +208,7 @@ class Reactor:
         self.evaluations += 1
         observation = service_state.Observation(decision=decision, snapshot=snapshot,
                                                 cluster=cluster, at=now)
-        self.state.record(key, observation)
+        self.state.record(key, observation, outcome=str(outcome), apply_reason=reason)
         self.state.record_patch(key, str(outcome))
         if decision.changed:
             log.info("%s: %s -> %s", key, decision.summary, outcome,

@@ -19,6 +19,7 @@ from pathlib import Path
 from scaler.actuators import authn as delegated
 from scaler.actuators import base as actuators
 from scaler.actuators import leader as kube_leader
+from scaler.actuators import policy_resources as kube_policies
 from scaler.actuators import resources as kube_resources
 from scaler.actuators import settings as kube_settings
 from scaler.actuators import wiring
@@ -26,6 +27,7 @@ from scaler.policy import model
 from scaler.service import audit as audit_log
 from scaler.service import (
     authn,
+    conditions,
     http_api,
     metrics_api,
     observability,
@@ -68,18 +70,39 @@ class ClusterBackend:
     delegation: delegated.Delegation | None = None
     """Who authenticates and authorises the external metrics API's callers (the API server
     through TokenReview and SubjectAccessReview); None: nobody can (a simulated cluster)."""
+    policy_resources: kube_policies.PolicyResources | None = None
+    """ScalePolicy resources, a policy source beside the files (`policies.resources`)."""
+    status_writer: kube_policies.StatusWriter | None = None
 
 
 async def kubernetes_backend(
-    settings: kube_settings.KubeSettings, *, wall_clock: Callable[[], float], identity: str
+    settings: kube_settings.KubeSettings, *, wall_clock: Callable[[], float], identity: str,
+    policy_settings: service_settings.PolicySettings | None = None,
 ) -> ClusterBackend:
-    """The Kubernetes adapters (`actuators.wiring`) over one API client, watches started."""
+    """The Kubernetes adapters (`actuators.wiring`) over one API client, watches started;
+    with `policies.resources`, the ScalePolicy resources too (listed before this returns)."""
     adapters = await wiring.connect(settings, identity=identity, wall_clock=wall_clock)
+    resources = writer = None
     try:
         await adapters.start()
+        if policy_settings is not None and policy_settings.resources:
+            resources = kube_policies.PolicyResources(adapters.api, settings=settings)
+            await resources.start(timeout_s=settings.request_timeout_s)
+            loop = asyncio.get_running_loop()
+            writer = kube_policies.StatusWriter(
+                adapters.api, leader=adapters.leader, clock=loop.time,
+                min_interval_s=policy_settings.status_min_interval_seconds,
+                transitions=conditions.transitions, recorder=adapters.recorder)
     except BaseException:
+        if resources is not None:
+            await resources.stop()
         await adapters.api.api_client.close()
         raise
+
+    async def close() -> None:
+        if resources is not None:
+            await resources.stop()
+        await adapters.close()
 
     async def announce(policy: model.ScalePolicy, reason: str, message: str) -> None:
         ref = kube_resources.target_ref(policy, plurals=settings.resource_plurals)
@@ -87,8 +110,9 @@ async def kubernetes_backend(
 
     return ClusterBackend(reader=adapters.reader, actuator=adapters.replicas,
                           leader=adapters.leader, pool_actuators=adapters.pools,
-                          announce=announce, close=adapters.close, update=adapters.update,
-                          delegation=delegated.KubeDelegation(adapters.api))
+                          announce=announce, close=close, update=adapters.update,
+                          delegation=delegated.KubeDelegation(adapters.api),
+                          policy_resources=resources, status_writer=writer)
 
 
 class Service:
@@ -134,7 +158,8 @@ class Service:
                                              backups=settings.audit.backups)
         if self.backend is None:
             self.backend = await kubernetes_backend(settings.kube, wall_clock=self.wall_clock,
-                                                    identity=self.identity)
+                                                    identity=self.identity,
+                                                    policy_settings=settings.policies)
         backend = self.backend
         self.leader = backend.leader
         self.reactor = reactor.Reactor(
@@ -170,10 +195,14 @@ class Service:
         # Policies before leadership: a new leader must know what it leads.
         self.watcher = policies.PolicyWatcher(
             settings.policies.paths, poll_seconds=settings.policies.reload_poll_seconds,
-            apply=self._apply_policies, max_file_bytes=settings.policies.max_file_bytes)
+            apply=self._apply_policies, max_file_bytes=settings.policies.max_file_bytes,
+            resources=backend.policy_resources)
         await self.watcher.load_now()
         start = self.supervisor.start
         start("leader", self._lead())
+        if backend.policy_resources is not None and backend.status_writer is not None:
+            start("policy-status", self._write_statuses(backend.policy_resources,
+                                                        backend.status_writer))
         for each in self.sources:
             start(_task_name(each), each.run(self.store))
         start("policy-watcher", self.watcher.run())
@@ -285,6 +314,30 @@ class Service:
                 self.reactor.notify_all()
             await asyncio.sleep(leader.settings.retry_period_s)
 
+    async def _write_statuses(self, resources: kube_policies.PolicyResources,
+                              writer: kube_policies.StatusWriter) -> None:
+        """At the backstop tick's pace: each ScalePolicy resource's status from the latest
+        decision and the latest load (the writer keeps to its rate limit, leader only)."""
+        while True:
+            await asyncio.sleep(self.settings.engine.backstop_tick_seconds)
+            current = self.watcher.current
+            by_path = {item.path: item.policy for item in current.policies.values()}
+            for path, obj in resources.objects().items():
+                meta = obj.get("metadata") or {}
+                policy = by_path.get(path)
+                status = self.state.status(policy.key) if policy is not None else None
+                # Its own errors, and a collision it won (the other side names it).
+                problems = [error for error in current.errors if error.path == path or (
+                    error.reason == "duplicate" and f"in {path} (" in error.message)]
+                previous = writer.last(path) or obj.get("status")
+                body = conditions.status(
+                    policy, status.last if status is not None else None, problems=problems,
+                    previous=previous, generation=meta.get("generation"),
+                    now=self.wall_clock())
+                await writer.write(namespace=str(meta.get("namespace")),
+                                   name=str(meta.get("name")), status=body,
+                                   uid=meta.get("uid"), notes=conditions.notes(previous, body))
+
     async def _expire(self) -> None:
         """Drop signal values past the store's TTL, at the backstop tick's pace."""
         while True:
@@ -301,7 +354,7 @@ class Service:
         stop = self.supervisor.stop
         sources = getattr(self, "sources", ())
         for name in (*(_task_name(each) for each in sources), "policy-watcher",
-                     "reactor-backstop", "store-expiry"):
+                     "policy-status", "reactor-backstop", "store-expiry"):
             await stop(name)
         if hasattr(self, "reactor"):
             await self.reactor.drain(timeout_s=self.drain_timeout_s)

@@ -247,6 +247,18 @@ class PolicySettings(core_settings.Group):
         "before parsing (its policies in force stay). 1 MiB holds hundreds of policies of "
         "1-2 KiB each, while a 50 MB file took a minute and 580 MB of memory to parse.",
     )
+    resources: bool = Field(
+        default=False, description="Also read ScalePolicy resources (the "
+        "scalepolicies.scaler.io CRD that the chart installs) in kube.watch_namespaces (all "
+        "namespaces when empty), beside the files, and write their status as leader. A name "
+        "or target both define is an error, as between two files. Off: files only, and no "
+        "CRD or its RBAC is needed.",
+    )
+    status_min_interval_seconds: float = Field(
+        default=10.0, gt=0, description="Least seconds between two status writes of one "
+        "ScalePolicy resource, unless a condition changes (written at once). 10 s: a "
+        "decision every 200 ms would otherwise mean 5 writes a second per model.",
+    )
 
     _split = field_validator("paths", mode="before")(core_settings.split_commas)
 

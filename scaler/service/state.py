@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from scaler.engine import cost as engine_cost
 from scaler.engine import types
 from scaler.policy import loader, model
+from scaler.service import history as decision_history
 
 # Labels every model carries in the external metrics API and /metrics, beside its policy's
 # metadata.labels (which cannot override these).
@@ -156,6 +157,7 @@ class _Entry:
     clamps: collections.Counter[str] = field(default_factory=collections.Counter)
     cost: engine_cost.Cost = field(default_factory=engine_cost.Cost)
     evaluation_errors: int = 0
+    history: decision_history.History = field(default_factory=decision_history.History)
 
 
 DropCounter = Callable[[], Mapping[str, int]]
@@ -231,6 +233,30 @@ class PoolStatus:
     applies: Mapping[str, int]
 
 
+EVALUATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+"""Upper bounds of the evaluation-time histogram, in seconds: a decision alone takes well
+under 5 ms; a cluster read and a scale patch add one or two API round trips (10-100 ms);
+seconds mean a slow API server or retries."""
+
+
+@dataclass(slots=True)
+class Durations:
+    """A cumulative histogram of durations in seconds, as Prometheus keeps one: `counts[i]`
+    is how many took at most `bounds[i]`."""
+
+    bounds: tuple[float, ...] = EVALUATION_BUCKETS_S
+    counts: list[int] = field(default_factory=lambda: [0] * len(EVALUATION_BUCKETS_S))
+    count: int = 0
+    total_s: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.count += 1
+        self.total_s += seconds
+        for index, bound in enumerate(self.bounds):
+            if seconds <= bound:
+                self.counts[index] += 1
+
+
 class ServiceState:
     """Latest decisions and snapshots per model, plus service-wide status."""
 
@@ -244,6 +270,8 @@ class ServiceState:
         self._draining = False
         self._pools: dict[str, PoolStatus] = {}
         self._metrics_api_requests: collections.Counter[int] = collections.Counter()
+        self.evaluation_seconds = Durations()
+        """How long evaluations take, cluster read to patch, over every model."""
 
     # -- policies -------------------------------------------------------------------------
 
@@ -311,8 +339,10 @@ class ServiceState:
 
     # -- evaluations ----------------------------------------------------------------------
 
-    def record(self, key: str, observation: Observation) -> None:
-        """Store an evaluation, count it, and accrue GPU time since the previous one."""
+    def record(self, key: str, observation: Observation, *, outcome: str | None = None,
+               apply_reason: str = "") -> None:
+        """Store an evaluation, count it, add it to the history with what the actuator did
+        (`outcome`, None when unknown), and accrue GPU time since the previous one."""
         entry = self._entries.get(key)
         if entry is None:
             return  # the policy was removed while it was being evaluated
@@ -320,6 +350,9 @@ class ServiceState:
             entry.cost = accrue(entry.cost, policy=entry.policy, since=entry.last,
                                 until=observation.at)
         entry.last = observation
+        entry.history.add(decision_history.event_of(observation.decision, outcome=outcome,
+                                                    apply_reason=apply_reason),
+                          at=observation.at)
         entry.decisions[decision_outcome(observation.decision)] += 1
         for clamp in observation.decision.clamps:
             entry.clamps[clamp.name] += 1
@@ -335,6 +368,10 @@ class ServiceState:
         entry = self._entries.get(key)
         if entry is not None:
             entry.evaluation_errors += 1
+
+    def record_evaluation_seconds(self, seconds: float) -> None:
+        """Time one evaluation (of any model) took, the cluster read and patch included."""
+        self.evaluation_seconds.observe(seconds)
 
     def record_requests(self, key: str, count: float) -> None:
         """Add served requests counted elsewhere (e.g. HTTP push), for cost per 1k requests."""
@@ -402,6 +439,12 @@ class ServiceState:
 
     def statuses(self) -> list[ModelStatus]:
         return [_view(entry) for entry in self._entries.values()]
+
+    def history(self, key: str, *, limit: int | None = None
+                ) -> list[decision_history.Entry] | None:
+        """The newest `limit` history entries of a model, oldest first; None if unknown."""
+        entry = self._entries.get(key)
+        return None if entry is None else entry.history.entries(limit)
 
     def find_by_name(self, name: str) -> list[ModelStatus]:
         """Models called `name` in any namespace (for /v1/models/{model}/decision)."""

@@ -68,6 +68,7 @@ FULL = {
     "policies": example_policies(),
     "watchNamespaces": ["inference", "batch"],
     "placeholder": {"enabled": True},
+    "capacityBuffer": {"enabled": True},
     "rbac": {"clusterApi": True, "extraScaleTargets": [
         {"apiGroup": "example.com", "resources": ["llamas"]}]},
     "externalMetricsApi": {"tlsSecret": "scaler-tls", "caBundle": "Q0E="},
@@ -129,7 +130,8 @@ def _without_labels(objects: list[dict[str, Any]]) -> list[str]:
 @pytest.mark.parametrize("values", [
     {}, FULL, CLUSTER_WIDE, {"externalMetricsApi": {"register": False}},
     {"settings": {"kube": {"lease": {"enabled": False}}}, "watchNamespaces": ["a"]},
-], ids=["defaults", "full", "cluster-wide", "unregistered", "no-lease"])
+    {"settings": {"policies": {"resources": True}}},
+], ids=["defaults", "full", "cluster-wide", "unregistered", "no-lease", "policy-resources"])
 def test_rbac_is_exactly_what_scaler_kube_rbac_prints(
         values: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The chart's RBAC objects equal what `scaler kube rbac --settings` prints for the
@@ -142,6 +144,7 @@ def test_rbac_is_exactly_what_scaler_kube_rbac_prints(
     argv = ["kube", "rbac", "--settings", str(tmp_path / "settings.yaml"),
             "--namespace", NAMESPACE]
     argv += ["--clusterapi"] if chart_rbac.get("clusterApi") else []
+    argv += ["--policy-resources"] if settings.policies.resources else []
     argv += ["--no-metrics-api"] if values.get("externalMetricsApi", {}).get(
         "register") is False else []
     for target in chart_rbac.get("extraScaleTargets", []):

@@ -105,7 +105,7 @@ then signs its own and the APIService skips verification). */}}
 namespaces, certificate and secret file paths); secret values are taken out. */}}
 {{- define "scaler.settings" -}}
 {{- $kube := dict "lease" (dict "namespace" .Release.Namespace "name" (printf "%s-leader" (include "scaler.fullname" .))) -}}
-{{- $kube = merge $kube (dict "placeholder" (dict "enabled" .Values.placeholder.enabled "namespace" .Release.Namespace "priority_class" .Values.placeholder.priorityClass.name) "clusterapi_namespace" .Values.rbac.clusterApiNamespace) -}}
+{{- $kube = merge $kube (dict "placeholder" (dict "enabled" .Values.placeholder.enabled "namespace" .Release.Namespace "priority_class" .Values.placeholder.priorityClass.name) "clusterapi_namespace" .Values.rbac.clusterApiNamespace "capacitybuffer" (dict "enabled" .Values.capacityBuffer.enabled "namespace" .Release.Namespace)) -}}
 {{- $kube = merge $kube (dict "watch_namespaces" (include "scaler.watchNamespaces" . | fromJsonArray) "cluster_wide" .Values.rbac.clusterWide) -}}
 {{- $s := deepCopy .Values.settings -}}
 {{- range $key, $value := dict "watch_namespaces" "watchNamespaces" "cluster_wide" "rbac.clusterWide" -}}
