@@ -452,8 +452,10 @@ def expect_return(draft: Draft) -> str:
     holding them idle through it costs more than a restart: the engine releases them and
     starts the count held at the drop again one time-to-ready (+ 60 s) before the
     expected return. If the load does not come back by gap x 1.25, the pattern is
-    forgotten. Example: a square wave off for 600 s, 8B at a 105 s pod start: the return
-    is planned at drop + 600 - 165 s; 435 s of 4 idle replicas are saved each period.
+    forgotten. Example: a square wave off for 600 s, 8B at a 105 s pod start, a 300 s
+    down window: the HPA holds the replicas idle 300 s, then the next burst starts cold;
+    here they go at drop + 60 s and are back at drop + 600 - 165 = 435 s, ready 60 s
+    before the load: 240 s less idle time per replica and no cold start in the SLO.
     """
     spec, now = draft.spec, draft.now
     if not spec.restart_aware:
