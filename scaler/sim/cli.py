@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import io
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from scaler.policy import loader
 from scaler.policy import model as policy_model
-from scaler.sim import profiles, report, run, strategies, traces
+from scaler.sim import from_prometheus, profiles, report, run, strategies, traces
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -21,8 +22,19 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
         description="Replay a request trace on a simulated GPU cluster under each scaling "
         "strategy; print a comparison table and optionally write JSON and HTML reports.",
     )
-    parser.add_argument("--trace", required=True, type=Path,
-                        help="trace file (or ServeGen folder)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", type=Path, help="trace file (or ServeGen folder)")
+    source.add_argument("--from-prometheus", metavar="URL",
+                        help="rebuild the trace from a vLLM deployment's Prometheus history "
+                        "(needs --model, --start and --end; see docs/simulation.md)")
+    parser.add_argument("--model", metavar="NAME",
+                        help="with --from-prometheus: the model_name label of the vLLM series")
+    parser.add_argument("--end", metavar="TIME",
+                        help="with --from-prometheus: end of the history, epoch seconds or "
+                        "RFC 3339 (e.g. 2026-12-01T11:00:00Z)")
+    parser.add_argument("--step", type=float, default=from_prometheus.DEFAULT_STEP_S,
+                        metavar="SECONDS", help="with --from-prometheus: interval of the "
+                        f"rebuilt counts (default {from_prometheus.DEFAULT_STEP_S:g})")
     parser.add_argument("--trace-format", choices=traces.FORMATS, default="auto",
                         help="trace format (default: sniffed from the file)")
     parser.add_argument("--rate-scale", type=float, default=1.0,
@@ -33,10 +45,11 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--strategies", default=",".join(strategies.STRATEGIES),
                         help=f"comma-separated, from {','.join(strategies.NAMES)} "
                         f"(default {','.join(strategies.STRATEGIES)})")
-    parser.add_argument("--start", type=float, metavar="SECONDS",
-                        help="start the replay SECONDS into the trace (its own clock: from "
-                        "the first request, or from window 0 for ServeGen); times are "
-                        "re-based to the slice start (e.g. --start 36000 --duration 3600 "
+    parser.add_argument("--start", metavar="SECONDS",
+                        help="with --from-prometheus: start of the history, epoch seconds or "
+                        "RFC 3339. Otherwise: start the replay SECONDS into the trace (its "
+                        "own clock: from the first request, or from window 0 for ServeGen); "
+                        "times are re-based to the slice start (e.g. --start 36000 --duration 3600 "
                         "for 10:00 to 11:00 of a ServeGen day)")
     parser.add_argument("--duration", type=float, metavar="SECONDS",
                         help="replay only SECONDS of the trace, from --start or its "
@@ -64,6 +77,20 @@ def _load_policy(path: Path) -> policy_model.ScalePolicy:
     return result.policies[0]
 
 
+def _load_trace(args: argparse.Namespace, lengths: traces.LengthChoice) -> traces.Trace:
+    """The trace file's slice, or the one rebuilt from Prometheus, rate-scaled."""
+    if args.from_prometheus is None:
+        return traces.load_trace(args.trace, args.trace_format, rate_scale=args.rate_scale,
+                                 seed=args.seed, lengths=lengths, start_s=args.start,
+                                 max_duration_s=args.duration)
+    start = from_prometheus.parse_time(args.start, flag="--start")
+    end = from_prometheus.parse_time(args.end, flag="--end")
+    trace = from_prometheus.load(args.from_prometheus, args.model, start_s=start, end_s=end,
+                                 step_s=args.step, seed=args.seed)
+    trace = traces.cut(trace, start_s=None, duration_s=args.duration)
+    return traces.scale_rate(trace, args.rate_scale, seed=args.seed)
+
+
 def simulate_command(args: argparse.Namespace) -> int:
     names = [n.strip() for n in str(args.strategies).split(",") if n.strip()]
     unknown = [n for n in names if n not in strategies.REGISTRY]
@@ -74,8 +101,21 @@ def simulate_command(args: argparse.Namespace) -> int:
     if args.rate_scale <= 0 or (args.duration is not None and args.duration <= 0):
         print("scaler simulate: --rate-scale and --duration must be positive", file=sys.stderr)
         return 2
-    if args.start is not None and not args.start >= 0:
-        print("scaler simulate: --start must be zero or positive", file=sys.stderr)
+    if args.from_prometheus is None:
+        if args.model is not None or args.end is not None:
+            print("scaler simulate: --model and --end go with --from-prometheus",
+                  file=sys.stderr)
+            return 2
+        try:
+            args.start = None if args.start is None else float(args.start)
+        except ValueError:
+            args.start = math.nan
+        if args.start is not None and not args.start >= 0:
+            print("scaler simulate: --start must be zero or positive seconds", file=sys.stderr)
+            return 2
+    elif args.model is None or args.start is None or args.end is None:
+        print("scaler simulate: --from-prometheus needs --model, --start and --end",
+              file=sys.stderr)
         return 2
     # Lines reach a pipe or a log as they are printed, not all at exit.
     if isinstance(sys.stdout, io.TextIOWrapper):
@@ -85,19 +125,18 @@ def simulate_command(args: argparse.Namespace) -> int:
     try:
         policy = _load_policy(args.policy)
         profile = profiles.load_profile(policy.spec.profile or "llama-3.1-8b-h100")
-        trace = traces.load_trace(args.trace, args.trace_format, rate_scale=args.rate_scale,
-                                  seed=args.seed, lengths=lengths, start_s=args.start,
-                                  max_duration_s=args.duration)
+        trace = _load_trace(args, lengths)
     except SystemExit as exc:
         print(exc, file=sys.stderr)
         return 2
-    except (traces.TraceError, profiles.ProfileError) as exc:
+    except (traces.TraceError, profiles.ProfileError,
+            from_prometheus.PrometheusHistoryError) as exc:
         print(f"scaler simulate: {exc}", file=sys.stderr)
         return 2
     if trace.length_source:
         print(f"scaler simulate: {trace.length_source}", file=sys.stderr)
     if trace.requests == 0:
-        print(f"scaler simulate: no requests in the chosen slice of {args.trace}",
+        print(f"scaler simulate: no requests in the chosen slice of {trace.path}",
               file=sys.stderr)
         return 2
     warning = report.capacity_warning(trace, policy=policy, profile=profile)
