@@ -391,16 +391,16 @@ def stabilize_count(draft: Draft) -> str:
         draft.state = dataclasses.replace(draft.state, recommendations=(
             types.Recommendation(at=draft.now, replicas=current),))
     hold = ""
+    down_window = behavior.scale_down.stabilization_seconds
     if draft.spec.restart_aware:
-        seconds, hold = restart_hold(draft)
-        behavior = behavior.model_copy(update={"scale_down": behavior.scale_down.model_copy(
-            update={"stabilization_seconds": seconds})})
+        down_window, hold = restart_hold(draft)
     desired = stabilize.stabilize(behavior, current=current, recommendation=draft.raw,
-                                  history=draft.state.recommendations, now=draft.now)
+                                  history=draft.state.recommendations, now=draft.now,
+                                  down_window_s=down_window)
     if desired == draft.raw:
         return "within the windows" + (f"; {hold}" if hold else "")
     down = desired > draft.raw
-    seconds = (behavior.scale_down if down else behavior.scale_up).stabilization_seconds
+    seconds = down_window if down else behavior.scale_up.stabilization_seconds
     window = "down" if down else "up"
     draft.clamp(ClampName.STABILIZATION_DOWN if down else ClampName.STABILIZATION_UP, desired,
                 f"{seconds}s window keeps {desired}")

@@ -16,15 +16,19 @@ def stabilize(
     recommendation: int,
     history: Sequence[types.Recommendation],
     now: float,
+    down_window_s: float | None = None,
 ) -> int:
     """The HPA's stabilization: up to the lowest recommendation of the up window, down to
     the highest of the down window, each window including the new recommendation.
+    `down_window_s` replaces the behavior's down window (restart-aware holding).
 
     Example with a 300 s down window: recommendations 10 (at t=0), 4 (t=100), 3 (t=200)
     and current 10 give 10 until t=300, then 4 until t=400, then 3.
     """
+    if down_window_s is None:
+        down_window_s = behavior.scale_down.stabilization_seconds
     up_cutoff = now - behavior.scale_up.stabilization_seconds
-    down_cutoff = now - behavior.scale_down.stabilization_seconds
+    down_cutoff = now - down_window_s
     up = down = recommendation
     for past in history:
         if past.at > up_cutoff:
