@@ -244,6 +244,10 @@ class Store:
             meta["generation"] = 1
         if rtype.key in (("apps", "deployments"), ("apps", "statefulsets")):
             obj["status"] = {}  # the controller writes it (PrepareForCreate clears it)
+        elif not rtype.builtin and rtype.has_status:
+            # A custom resource with a status subresource: the apiextensions server's
+            # PrepareForCreate drops the status sent with a create; only /status writes it.
+            obj.pop("status", None)
         defaults.apply(rtype.key, obj)
         if check is not None:
             check(obj)

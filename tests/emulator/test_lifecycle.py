@@ -102,3 +102,16 @@ async def test_a_namespace_status_is_its_own_subresource(http: Http) -> None:
     patched = await http.ok("PATCH", f"/api/v1/namespaces/{NS}/status",
                             {"status": {"phase": "Active"}}, content_type=MERGE)
     assert (patched["kind"], patched["metadata"]["name"]) == ("Namespace", NS)
+
+
+async def test_a_custom_resource_create_drops_the_status_it_carries(http: Http) -> None:
+    # apiextensions-apiserver's customresource strategy: with a status subresource,
+    # PrepareForCreate deletes .status; only a /status write sets it.
+    path = f"/apis/cluster.x-k8s.io/v1beta1/namespaces/{NS}/machinedeployments"
+    body = {"apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "MachineDeployment",
+            "metadata": {"name": "pool"}, "spec": {"replicas": 1},
+            "status": {"replicas": 7}}
+    created = await http.ok("POST", path, body)
+    assert "status" not in created
+    stored = await http.ok("GET", f"{path}/pool")
+    assert "status" not in stored
