@@ -1,10 +1,13 @@
 """Load-tester capacity: the highest rate one core sends with p99 schedule lag under 5 ms.
 
 Run: .venv/bin/python bench/loadtest_client.py [--seconds 15] [--lag-ms 5]
-The client (`scaler.sim.loadtest.run`) is pinned to CPU 0 and a minimal streaming server
-(raw asyncio, HTTP/1.1 keep-alive, chunked SSE, 200 output tokens 20 ms apart after a
-50 ms first token: each request in flight about 4 s) to CPU 1, so the server's cost is
-not the client's. Poisson arrivals at each rate for `--seconds`; rates double from
+                                               [--server sim-server|minimal]
+The client (`scaler.sim.loadtest.run`) is pinned to CPU 0 and the server to CPU 1, so the
+server's cost is not the client's: `scaler sim-server` (default; the 8B profile, so 200
+output tokens come one decode step apart, 8 ms + 0.1 ms per stream in the batch), or
+`minimal` (raw asyncio, HTTP/1.1 keep-alive, chunked SSE, 200 output tokens 20 ms apart
+after a 50 ms first token: each request in flight about 4 s), a server too cheap to
+limit the client. Poisson arrivals at each rate for `--seconds`; rates double from
 --start-rate (10 req/s) until p99 lag passes the bound or a request fails, then two
 bisection steps.
 Memory per in-flight request: Python heap (tracemalloc) at the most requests in flight
@@ -33,6 +36,8 @@ INPUT_TOKENS = 100
 FIRST_TOKEN_S = 0.05
 TOKEN_GAP_S = 0.02
 TICK_S = 0.02
+SIM_PROFILE = "llama-3.1-8b-h100"
+MODEL = "bench"
 
 
 class _Stream(asyncio.Protocol):
@@ -110,7 +115,7 @@ def measure(url: str, rate: float, seconds: float) -> dict[str, float]:
         peak["in_flight"] = max(peak["in_flight"], progress.in_flight)
 
     cpu = time.process_time()
-    live = asyncio.run(loadtest.run(requests, loadtest.Target(url=url, model="bench"),
+    live = asyncio.run(loadtest.run(requests, loadtest.Target(url=url, model=MODEL),
                                     on_tick=tick))
     cpu = time.process_time() - cpu
     return {"rate": rate, "p99_lag_ms": loadtest.lag_p99_ms(live.records),
@@ -130,7 +135,7 @@ def memory_per_in_flight(url: str, rate: float, seconds: float) -> float:
 
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    asyncio.run(loadtest.run(requests, loadtest.Target(url=url, model="bench"), on_tick=tick))
+    asyncio.run(loadtest.run(requests, loadtest.Target(url=url, model=MODEL), on_tick=tick))
     tracemalloc.stop()
     return (peak["bytes"] - before) / max(peak["in_flight"], 1)
 
@@ -142,18 +147,29 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=18931)
     parser.add_argument("--start-rate", type=float, default=10.0,
                         help="first rate tried, req/s (default 10)")
+    parser.add_argument("--server", choices=("sim-server", "minimal"), default="sim-server",
+                        help="what the client drives (default sim-server)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    server_cpu = {1 % (os.cpu_count() or 1)}
     if args.serve:
-        os.sched_setaffinity(0, {1 % os.cpu_count()})  # type: ignore[operator]
+        os.sched_setaffinity(0, server_cpu)
         asyncio.run(serve(args.port))
         return
     os.sched_setaffinity(0, {0})
-    server = subprocess.Popen([sys.executable, __file__, "--serve", "--port", str(args.port)],
-                              stdout=subprocess.PIPE, text=True)
+    command = ([sys.executable, "-m", "scaler", "sim-server", "--profile", SIM_PROFILE,
+                "--served-model-name", MODEL, "--port", str(args.port)]
+               if args.server == "sim-server" else
+               [sys.executable, __file__, "--serve", "--port", str(args.port)])
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: os.sched_setaffinity(0, server_cpu))
     try:
-        assert server.stdout is not None and server.stdout.readline().strip() == "ready"
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        if not (line.strip() == "ready" or line.startswith("sim-server:")):
+            raise SystemExit(f"the {args.server} server did not start: {line!r}")
         url = f"http://127.0.0.1:{args.port}"
+        print(f"server: {args.server}", flush=True)
 
         def ok(result: dict[str, float]) -> bool:
             print(f"rate {result['rate']:7.1f} req/s: p99 lag {result['p99_lag_ms']:7.2f} ms, "

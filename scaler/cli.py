@@ -11,6 +11,7 @@ from typing import Any
 
 import scaler
 from scaler.actuators import cli as kube_cli
+from scaler.actuators import deployment_replicas
 from scaler.demo import cli as demo_cli
 from scaler.demo import local_cli, nats_server
 from scaler.policy import cli as policy_cli
@@ -70,7 +71,8 @@ def _register_simulate(subparsers: argparse._SubParsersAction[Any]) -> None:
         return
     sim_cli.register(subparsers)
     server_cli.register(subparsers)
-    loadtest_cli.register(subparsers)
+    # The load tester's --kubeconfig reads a Deployment through the actuators' client.
+    loadtest_cli.register(subparsers, deployment_source=deployment_replicas.source)
 
 
 def _raise(error: ModuleNotFoundError) -> Callable[[argparse.Namespace], int]:

@@ -1,20 +1,45 @@
-"""The cluster reader: a target's replicas, its pods' start timelines and the pool's free GPUs."""
+"""The cluster reader: a target's replicas, its pods' start timelines and the pool's usable GPUs."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 from scaler.actuators import client as kube
-from scaler.actuators import replicas, resources, selectors, timefmt, timeline, watch
+from scaler.actuators import (
+    dra,
+    events,
+    gpu_health,
+    replicas,
+    resources,
+    selectors,
+    timefmt,
+    timeline,
+    watch,
+)
 from scaler.actuators import settings as kube_settings
+from scaler.core import gpus
 from scaler.engine import types
 from scaler.policy import model
 
+log = logging.getLogger(__name__)
+
 _MAX_OBSERVATIONS = 1024  # across all models; a few per model per hour is typical
 ALL_NAMESPACES = ""  # key of the one cluster-wide pod informer (kube.cluster_wide)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def _claims_task(namespace: str) -> str:
+    return f"resourceclaims:{namespace or '*'}"
 
 
 class NamespaceNotWatched(Exception):
@@ -33,6 +58,32 @@ def pods_path(namespace: str) -> str:
     return f"/api/v1/namespaces/{namespace}/pods"
 
 
+@dataclass(frozen=True, slots=True)
+class PoolReading:
+    """A pool's capacity now and why some of its GPUs do not count.
+
+    capacity: None when it cannot be known (a DRA DeviceClass not found or with a selector
+      the scaler cannot evaluate): the engine then assumes a node must boot.
+    notes: one line per node with GPUs excluded, then any reason capacity is unknown.
+    """
+
+    capacity: timeline.PoolCapacity | None
+    exclusions: tuple[gpu_health.NodeExclusion, ...] = ()
+    problem: str | None = None
+
+    @property
+    def excluded_gpus(self) -> int:
+        return sum(e.excluded for e in self.exclusions)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        lines = tuple(e.text for e in self.exclusions)
+        return (*lines, self.problem) if self.problem else lines
+
+
+Telemetry = Callable[[], gpus.GpuTelemetry | None]
+
+
 class KubeClusterReader:
     """Implements `base.ClusterReader`.
 
@@ -47,13 +98,29 @@ class KubeClusterReader:
     one cluster-wide informer only with `kube.cluster_wide`. Pool capacity therefore counts
     the GPUs used by pods of watched namespaces only (docs/security.md).
     Start with `start()` and stop with `stop()`; `read` waits for the first lists.
+
+    Honest capacity: GPUs with DCGM health errors (`telemetry`, the latest reading of
+    dcgm-exporter) are not counted, and a policy with `resources.deviceClassName` counts
+    the DeviceClass's devices in ResourceSlices, used by allocated ResourceClaims (those
+    informers start with the first such policy). A change in what is excluded is posted as
+    an Event on each affected target (`recorder`).
     """
 
     def __init__(self, api: kube.KubeApi, *, settings: kube_settings.KubeSettings,
-                 wall_clock: timefmt.WallClock) -> None:
+                 wall_clock: timefmt.WallClock, telemetry: Telemetry | None = None,
+                 recorder: events.EventRecorder | None = None) -> None:
         self.api = api
         self.settings = settings
         self.wall_clock = wall_clock
+        self.telemetry = telemetry
+        self.recorder = recorder
+        # DRA: slices and classes cluster-wide, claims beside each pod informer.
+        self.slices: watch.Informer | None = None
+        self.classes: watch.Informer | None = None
+        self.claims: dict[str, watch.Informer] = {}
+        self._dra_tasks: dict[str, asyncio.Task[None]] = {}
+        # policy key -> the exclusion notes last posted as an Event for it
+        self._posted: dict[str, tuple[str, ...]] = {}
         # namespace (ALL_NAMESPACES when cluster-wide) -> its pod informer and task
         self.pods: dict[str, watch.Informer] = {}
         self._pod_tasks: dict[str, asyncio.Task[None]] = {}
@@ -81,16 +148,20 @@ class KubeClusterReader:
     async def stop(self) -> None:
         for namespace in list(self.pods):
             await self._unwatch_pods(namespace)
+        for name in list(self._dra_tasks):
+            await self._stop_task(name)
+        self.slices = self.classes = None
         if self._node_task is not None:
-            self._node_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._node_task
+            await _cancel(self._node_task)
             self._node_task = None
 
     async def update(self, policies: Iterable[model.ScalePolicy]) -> None:
         """Watch the pods of exactly the policies' namespaces, when neither
         `watch_namespaces` nor `cluster_wide` fixes them: a new namespace is listed, one
         without policies any more is no longer watched (and its pods forgotten)."""
+        policies = list(policies)
+        if any(p.spec.resources.device_class_name for p in policies):
+            self._watch_dra()
         if self.settings.cluster_wide or self.settings.watch_namespaces:
             return
         wanted = {policy.metadata.namespace for policy in policies}
@@ -105,15 +176,40 @@ class KubeClusterReader:
         self.pods[namespace] = informer
         self._pod_tasks[namespace] = asyncio.create_task(
             informer.run(), name=f"kube-informer-pods:{namespace or '*'}")
+        if self.slices is not None:
+            self._watch_claims(namespace)
         return informer
 
     async def _unwatch_pods(self, namespace: str) -> None:
-        task = self._pod_tasks.pop(namespace)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await _cancel(self._pod_tasks.pop(namespace))
         del self.pods[namespace]
         self._pods_by_namespace.pop(namespace, None)
+        if namespace in self.claims:
+            await self._stop_task(_claims_task(namespace))
+            del self.claims[namespace]
+
+    def _start_informer(self, name: str, path: str) -> watch.Informer:
+        informer = watch.Informer(self.api, path=path, settings=self.settings)
+        self._dra_tasks[name] = asyncio.create_task(informer.run(),
+                                                    name=f"kube-informer-{name}")
+        return informer
+
+    async def _stop_task(self, name: str) -> None:
+        await _cancel(self._dra_tasks.pop(name))
+
+    def _watch_dra(self) -> None:
+        """Start the resource.k8s.io/v1 informers (once): only a cluster that serves DRA
+        (Kubernetes 1.34+) and a policy asking for it need them."""
+        if self.slices is not None:
+            return
+        self.slices = self._start_informer("resourceslices", dra.SLICES_PATH)
+        self.classes = self._start_informer("deviceclasses", dra.CLASSES_PATH)
+        for namespace in self.pods:
+            self._watch_claims(namespace)
+
+    def _watch_claims(self, namespace: str) -> None:
+        self.claims[namespace] = self._start_informer(_claims_task(namespace),
+                                                      dra.claims_path(namespace))
 
     def pod_informer(self, namespace: str) -> watch.Informer:
         """The informer that sees `namespace`'s pods (started now when the policies'
@@ -182,18 +278,117 @@ class KubeClusterReader:
                 found.append(observation)
         return tuple(sorted(found, key=lambda o: o.ready_at))
 
+    def _telemetry(self) -> gpus.GpuTelemetry | None:
+        return self.telemetry() if self.telemetry is not None else None
+
+    def pool_reading(self, *, node_selector: Mapping[str, str], resource_name: str,
+                     gpus_per_replica: int, device_class_name: str | None = None
+                     ) -> PoolReading:
+        """The pool's capacity on Ready, uncordoned nodes without GPUs in DCGM error: from
+        the extended resource `resource_name`, or with `device_class_name` from that
+        DeviceClass's devices in ResourceSlices and the claims allocating them."""
+        telemetry = self._telemetry()
+        nodes = list(self._node_infos.values())
+        if device_class_name is None:
+            counted, exclusions = gpu_health.exclude_faulty(nodes, telemetry,
+                                                            resource_name=resource_name)
+            capacity = timeline.pool_capacity(
+                nodes=counted,
+                pods=[p for pods in self._pods_by_namespace.values() for p in pods.values()],
+                node_selector=node_selector, resource_name=resource_name,
+                gpus_per_replica=gpus_per_replica)
+            return PoolReading(capacity=capacity, exclusions=exclusions)
+        if self.slices is None or self.classes is None:
+            return PoolReading(capacity=None, problem="DRA informers not started")
+        device_class = self.classes.objects.get(f"/{device_class_name}")
+        if device_class is None:
+            return PoolReading(capacity=None,
+                               problem=f"DeviceClass {device_class_name} not found")
+        try:
+            class_devices = dra.of_class(dra.devices(self.slices.objects.values()),
+                                         dra.class_selectors(device_class))
+        except dra.UnsupportedSelector as error:
+            return PoolReading(capacity=None,
+                               problem=f"DeviceClass {device_class_name}: {error}")
+        in_use = dra.allocated(c for informer in self.claims.values()
+                               for c in informer.objects.values())
+        capacity, exclusions = dra.pool_capacity(
+            nodes=nodes, class_devices=class_devices, in_use=in_use,
+            node_selector=node_selector, device_class=device_class_name,
+            gpus_per_replica=gpus_per_replica, telemetry=telemetry)
+        return PoolReading(capacity=capacity, exclusions=exclusions)
+
     def pool_capacity(self, pool: model.NodePool, *, resource_name: str,
-                      gpus_per_replica: int) -> timeline.PoolCapacity:
-        return timeline.pool_capacity(
-            nodes=list(self._node_infos.values()),
-            pods=[p for pods in self._pods_by_namespace.values() for p in pods.values()],
+                      gpus_per_replica: int, device_class_name: str | None = None
+                      ) -> timeline.PoolCapacity | None:
+        return self.pool_reading(
             node_selector=pool.node_selector, resource_name=resource_name,
-            gpus_per_replica=gpus_per_replica,
-        )
+            gpus_per_replica=gpus_per_replica, device_class_name=device_class_name).capacity
+
+    def usable_gpus(self, *, node_selector: Mapping[str, str], resource_name: str,
+                    device_class_name: str | None = None) -> int | None:
+        """GPUs of a pool that can serve now: on Ready, uncordoned nodes, without DCGM
+        health errors, in use or not (the fleet step's `PoolCapacity.gpus`); None when
+        unknown (a DRA class not found). 3 nodes of 8, one cordoned, one GPU with XID 79:
+        15."""
+        reading = self.pool_reading(node_selector=node_selector, resource_name=resource_name,
+                                    gpus_per_replica=1, device_class_name=device_class_name)
+        return reading.capacity.allocatable_gpus if reading.capacity is not None else None
+
+    def sm_active(self, pods: Iterable[timeline.PodTimeline]) -> float | None:
+        """Mean DCGM SM-active ratio of the pods' GPUs (pods without a series are left
+        out); None without a reading for any of them."""
+        telemetry = self._telemetry()
+        if telemetry is None:
+            return None
+        found = [value for p in pods
+                 if (value := telemetry.sm_active.get((p.namespace, p.name))) is not None]
+        return sum(found) / len(found) if found else None
+
+    async def _announce(self, policy: model.ScalePolicy, ref: resources.ObjectRef,
+                        reading: PoolReading) -> None:
+        """An Event on the target when what its pool excludes changes (both ways)."""
+        notes = tuple(e.text for e in reading.exclusions)
+        if self._posted.get(policy.key, ()) == notes:
+            return
+        self._posted[policy.key] = notes
+        if self.recorder is None:
+            return
+        pool = policy.spec.node_pool.name if policy.spec.node_pool else ""
+        if notes:
+            await self.recorder.record(ref, reason="GpuCapacityExcluded", warning=True,
+                                       message=f"pool {pool}: " + "; ".join(notes))
+        else:
+            await self.recorder.record(ref, reason="GpuCapacityRestored",
+                                       message=f"pool {pool}: no GPUs excluded")
+
+    async def _wait_dra_synced(self, namespace: str) -> str | None:
+        """Until the DRA informers have listed; what is missing after the request timeout
+        (a cluster without resource.k8s.io/v1 answers 404), None when all are listed.
+        Not fatal: the policy is still decided, with its pool capacity unknown."""
+        self._watch_dra()
+        wanted = [i for i in (self.slices, self.classes, self.claims.get(namespace)
+                              or self.claims.get(ALL_NAMESPACES)) if i is not None]
+        failed = [i for i in wanted if not i.synced.is_set() and i.last_error is not None]
+        if failed:  # already refused (404, 403): say so at once, do not wait each read
+            return f"{failed[0].path} not listed: {failed[0].last_error}"
+        try:
+            async with asyncio.timeout(self.settings.request_timeout_s):
+                for informer in wanted:
+                    await informer.synced.wait()
+        except TimeoutError:
+            late = next(i for i in wanted if not i.synced.is_set())
+            return (f"{late.path} not listed within {self.settings.request_timeout_s} s "
+                    f"(last error: {late.last_error})")
+        return None
 
     async def read(self, policy: model.ScalePolicy) -> types.ClusterState:
         ref = resources.target_ref(policy, plurals=self.settings.resource_plurals)
         await self.wait_synced(ref.namespace)
+        device_class = policy.spec.resources.device_class_name
+        dra_missing = None
+        if device_class is not None:
+            dra_missing = await self._wait_dra_synced(ref.namespace)
         scale = await self.api.get(ref.scale_path)
         current = replicas.spec_replicas(scale)
         raw_selector = (scale.get("status") or {}).get("selector")
@@ -204,14 +399,25 @@ class KubeClusterReader:
             ready = sum(1 for p in mine if p.ready)
             starting = tuple(sorted(p.created_at for p in mine if not p.ready))
             observations = self.observations(ref.namespace, selector)
+            sm_active = self.sm_active(p for p in mine if p.ready)
         else:
             # A scale subresource without a selector: trust its replica count as ready.
             ready = int((scale.get("status") or {}).get("replicas") or 0)
-            starting, observations = (), ()
+            starting, observations, sm_active = (), (), None
         free_slots = None
-        if policy.spec.node_pool is not None:
-            free_slots = self.pool_capacity(
-                policy.spec.node_pool, resource_name=policy.spec.resources.resource_name,
-                gpus_per_replica=policy.spec.resources.gpus_per_replica).free_replica_slots
+        reading = PoolReading(capacity=None)
+        pool = policy.spec.node_pool
+        if pool is not None and dra_missing is not None:
+            reading = PoolReading(capacity=None, problem=dra_missing)
+        elif pool is not None:
+            reading = self.pool_reading(
+                node_selector=pool.node_selector,
+                resource_name=policy.spec.resources.resource_name,
+                gpus_per_replica=policy.spec.resources.gpus_per_replica,
+                device_class_name=device_class)
+            free_slots = reading.capacity.free_replica_slots if reading.capacity else None
+            await self._announce(policy, ref, reading)
         return types.ClusterState(current=current, ready=ready, starting=starting,
-                                  free_replica_slots=free_slots, observations=observations)
+                                  free_replica_slots=free_slots, observations=observations,
+                                  excluded_gpus=reading.excluded_gpus,
+                                  capacity_notes=reading.notes, gpu_sm_active=sm_active)

@@ -16,7 +16,7 @@ from scaler.actuators import settings as kube_settings
 from scaler.core import errors
 
 Scope = Literal["cluster", "targets", "lease", "placeholder", "clusterapi", "capacitybuffer",
-                "policies"]
+                "policies", "deletioncost"]
 Obj = dict[str, Any]  # one manifest, as YAML loads it
 
 API_VERSION = "rbac.authorization.k8s.io/v1"
@@ -41,6 +41,11 @@ RULES: tuple[Rule, ...] = (
          "pool capacity: allocatable GPUs, Ready, cordoned (nodes are cluster-scoped)"),
     Rule("", ("pods",), ("list", "watch"), "targets",
          "pod start timelines, ready and starting replicas, GPUs in use on pool nodes"),
+    Rule("resource.k8s.io", ("resourceslices", "deviceclasses"), ("list", "watch"), "cluster",
+         "DRA pool capacity: the devices of a policy's DeviceClass (read only for policies "
+         "with resources.deviceClassName; both are cluster-scoped)"),
+    Rule("resource.k8s.io", ("resourceclaims",), ("list", "watch"), "targets",
+         "DRA devices in use: the allocated ResourceClaims of replicas"),
     Rule("apps", ("deployments/scale", "statefulsets/scale"), ("get", "patch"), "targets",
          "read and set replicas of targets"),
     Rule("leaderworkerset.x-k8s.io", ("leaderworkersets/scale",), ("get", "patch"), "targets",
@@ -50,6 +55,9 @@ RULES: tuple[Rule, ...] = (
     Rule("keda.sh", ("scaledobjects",), ("list",), "targets",
          "do not fight a KEDA ScaledObject (optional: 403/404 read as none)"),
     Rule("", ("events",), ("create",), "targets", "an Event per applied change"),
+    Rule("", ("pods",), ("patch",), "deletioncost",
+         "pod-deletion-cost annotations before a scale-down (only with "
+         "kube.deletion_cost.enabled; granted with the targets' rules)"),
     Rule("scaler.io", ("scalepolicies",), ("list", "watch"), "policies",
          "ScalePolicy resources as policies (only with policies.resources; granted with the "
          "targets' rules, where the targets are)"),
@@ -132,6 +140,7 @@ class Plan:
     metrics_api: bool  # the APIService is registered: delegations and the HPA's reader
     extra_scale_targets: tuple[ScaleTarget, ...] = ()
     policy_resources: bool = False  # ScalePolicy resources are read (policies.resources)
+    deletion_cost: bool = False  # pods are annotated before a scale-down
 
     @property
     def subject(self) -> Obj:
@@ -162,7 +171,7 @@ def plan(settings: kube_settings.KubeSettings, *, name: str, namespace: str,
         capacitybuffer_namespace=(settings.capacitybuffer.namespace
                                   if settings.capacitybuffer.enabled else None),
         metrics_api=metrics_api, extra_scale_targets=tuple(extra_scale_targets),
-        policy_resources=policy_resources)
+        policy_resources=policy_resources, deletion_cost=settings.deletion_cost.enabled)
 
 
 def _rules(scope: Scope, extra: Sequence[ScaleTarget] = ()) -> list[Obj]:
@@ -202,6 +211,8 @@ def manifests(grants: Plan) -> list[Obj]:
     targets = _rules("targets", grants.extra_scale_targets)
     if grants.policy_resources:
         targets += _rules("policies")
+    if grants.deletion_cost:
+        targets += _rules("deletioncost")
     if grants.cluster_wide:
         documents += _role(f"{name}-targets", None, targets, subject)
     for namespace in grants.target_namespaces:

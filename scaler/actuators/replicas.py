@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scaler.actuators import base, resources, timefmt
+from scaler.actuators import base, deletion_cost, resources, timefmt
 from scaler.actuators import client as kube
 from scaler.actuators import events as kube_events
 from scaler.actuators import settings as kube_settings
@@ -112,7 +112,8 @@ class KubeReplicaActuator:
     """Implements `base.ReplicaActuator` against the Kubernetes API.
 
     Flow per decision: leader? -> owned by an HPA/KEDA? -> GET /scale -> the decision was
-    made on what the cluster still has? -> anything to change? -> dry-run? -> JSON PATCH
+    made on what the cluster still has? -> anything to change? -> dry-run? -> (scaling
+    down: pod deletion costs, `deletion_costs`) -> JSON PATCH
     guarded by a test of spec.replicas (`guarded_patch`) -> Event. Another writer's change
     is handed back as CONFLICT with the fresh value, so the caller re-decides: a blind
     retry would write a stale decision.
@@ -120,8 +121,10 @@ class KubeReplicaActuator:
 
     def __init__(self, api: kube.KubeApi, *, settings: kube_settings.KubeSettings,
                  recorder: kube_events.EventRecorder, leader: base.LeaderElector,
-                 monotonic: Callable[[], float] | None = None) -> None:
+                 monotonic: Callable[[], float] | None = None,
+                 deletion_costs: deletion_cost.DeletionCoster | None = None) -> None:
         self.api = api
+        self.deletion_costs = deletion_costs
         self.settings = settings
         self.recorder = recorder
         self.leader = leader
@@ -198,6 +201,12 @@ class KubeReplicaActuator:
             log.info("dry-run: would scale %s %d -> %d (%s)", ref.key, current,
                      decision.desired, decision.summary)
             return outcome(base.Outcome.DRY_RUN, current, decision.summary)
+        spared = ""
+        if self.deletion_costs is not None and decision.desired < current:
+            # Before the replicas patch: the ReplicaSet picks the pods to remove as soon as
+            # it sees the new count. A failure only makes the scale-down less gentle.
+            spared = "; " + (await self.deletion_costs.annotate(
+                policy, ref=ref, scale=scale)).summary
         if not self.leader.is_leader:  # leadership may have lapsed during the reads
             return outcome(base.Outcome.NOT_LEADER, current, "lost leadership before writing")
         written = await guarded_patch(self.api, ref.scale_path, read=scale,
@@ -208,4 +217,4 @@ class KubeReplicaActuator:
         await self.recorder.record(
             ref, reason="ScaledUp" if decision.desired > current else "ScaledDown",
             message=decision.summary)
-        return outcome(base.Outcome.APPLIED, current, decision.summary)
+        return outcome(base.Outcome.APPLIED, current, decision.summary + spared)

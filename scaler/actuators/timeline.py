@@ -141,6 +141,8 @@ class NodeInfo:
     cordoned: bool
     allocatable: dict[str, int]
     created_at: float | None
+    # status.capacity: devices the plugin found, healthy or not (allocatable = healthy ones)
+    capacity: dict[str, int] = field(default_factory=dict)
 
     @property
     def healthy(self) -> bool:
@@ -151,6 +153,7 @@ class NodeInfo:
 def node_info(node: Obj) -> NodeInfo:
     meta = node.get("metadata") or {}
     allocatable = (node.get("status") or {}).get("allocatable") or {}
+    capacity = (node.get("status") or {}).get("capacity") or {}
     return NodeInfo(
         name=str(meta.get("name") or ""),
         labels=dict(meta.get("labels") or {}),
@@ -158,6 +161,7 @@ def node_info(node: Obj) -> NodeInfo:
         cordoned=bool((node.get("spec") or {}).get("unschedulable")),
         allocatable={k: _count(v) for k, v in allocatable.items() if "/" in k},
         created_at=timefmt.parse_time(meta.get("creationTimestamp")),
+        capacity={k: _count(v) for k, v in capacity.items() if "/" in k},
     )
 
 

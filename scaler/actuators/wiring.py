@@ -11,6 +11,7 @@ from scaler.actuators import (
     base,
     capacitybuffer,
     cluster_reader,
+    deletion_cost,
     events,
     leader,
     nodepool,
@@ -70,9 +71,12 @@ def election(settings: kube_settings.KubeSettings) -> kube_settings.LeaseSetting
 
 
 async def connect(settings: kube_settings.KubeSettings, *, identity: str,
-                  wall_clock: timefmt.WallClock) -> KubeAdapters:
+                  wall_clock: timefmt.WallClock,
+                  work: deletion_cost.WorkReader | None = None) -> KubeAdapters:
     """One ApiClient and every adapter over it. With `lease.enabled` false this replica
-    always leads (a single replica, or a shard with its own leader elsewhere)."""
+    always leads (a single replica, or a shard with its own leader elsewhere). `work`
+    (each replica's reported work) lets the replica actuator set pod deletion costs
+    before a scale-down, when `deletion_cost.enabled`."""
     api_client = await kube.make_api_client(settings)
     api = kube.KubeApi(api_client, timeout_s=settings.request_timeout_s, retry=settings.retry)
     elector: base.LeaderElector
@@ -102,9 +106,12 @@ async def connect(settings: kube_settings.KubeSettings, *, identity: str,
                  "pools naming it are planned and reported only")
     return KubeAdapters(
         api=api,
-        reader=cluster_reader.KubeClusterReader(api, settings=settings, wall_clock=wall_clock),
-        replicas=replicas.KubeReplicaActuator(api, settings=settings, recorder=recorder,
-                                              leader=elector),
+        reader=cluster_reader.KubeClusterReader(api, settings=settings, wall_clock=wall_clock,
+                                                recorder=recorder),
+        replicas=replicas.KubeReplicaActuator(
+            api, settings=settings, recorder=recorder, leader=elector,
+            deletion_costs=deletion_cost.DeletionCoster(api, settings=settings, work=work)
+            if work is not None and settings.deletion_cost.enabled else None),
         leader=elector,
         recorder=recorder,
         pools=pools,

@@ -138,6 +138,22 @@ DEFAULT_LATENCY_METRIC: Final = LatencyMetric.TTFT
 """The latency metric of a policy that names none, and of a message that names none."""
 
 
+class Tier(enum.StrEnum):
+    """A model's priority on a shared GPU pool (a ScalePolicy's `spec.tier`), first served
+    first: online before batch before dev, guarantees and floors aside."""
+
+    ONLINE = "online"
+    """Interactive traffic with a latency SLO."""
+    BATCH = "batch"
+    """Offline inference: absorbs a shortfall, keeps replicas with unfinished work."""
+    DEV = "dev"
+    """Experiments and development: gets what is left."""
+
+
+DEFAULT_TIER: Final = Tier.ONLINE
+"""The tier of a policy that names none: a model serves users unless it says otherwise."""
+
+
 def model_key(namespace: str, name: str) -> str:
     """'namespace/name': how the store, the service and /metrics name a model."""
     return f"{namespace}/{name}"

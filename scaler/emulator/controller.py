@@ -7,7 +7,7 @@ import contextlib
 import uuid
 from dataclasses import dataclass
 
-from scaler.actuators import selectors, timeline
+from scaler.actuators import deletion_cost, selectors, timeline
 from scaler.actuators.timefmt import parse_time, rfc3339
 from scaler.emulator import deployments
 from scaler.emulator.server import KubeEmulator
@@ -29,6 +29,32 @@ class ControllerSettings:
     start_delay_s: float = 0.0
     ready_delay_s: float = 0.0
     interval_s: float = 0.05
+
+
+_PHASE_ORDER = {"Pending": 0, "Unknown": 1, "Running": 2}
+
+
+def deletion_rank(pod: Obj) -> tuple[bool, int, bool, int, float, int, float]:
+    """The order in which a ReplicaSet removes pods on scale-down, first removed first.
+
+    The ReplicaSet controller's `getPodsToDelete` sorts by `ActivePodsWithRanks.Less`
+    (kubernetes pkg/controller/controller_utils.go, read with the search tool):
+    unscheduled before scheduled; Pending < Unknown < Running; not ready before ready;
+    the lower `controller.kubernetes.io/pod-deletion-cost` (absent or invalid = 0); then,
+    left out here, pods doubled up on a node; the most recently ready; the most restarted;
+    the newest.
+    """
+    meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+    ready = timeline.is_true(pod, "Ready")
+    ready_at = parse_time((timeline.condition(pod, "Ready") or {}).get("lastTransitionTime"))
+    restarts = max((int(c.get("restartCount") or 0)
+                    for c in status.get("containerStatuses") or []), default=0)
+    created = parse_time(meta.get("creationTimestamp"))
+    return (bool(spec.get("nodeName")), _PHASE_ORDER.get(str(status.get("phase")), 0), ready,
+            deletion_cost.effective_cost(pod),
+            # A missing time ranks first ("empty time < less time"), then the latest.
+            -(ready_at if ready and ready_at is not None else float("inf")),
+            -restarts, -(created if created is not None else float("inf")))
 
 
 class EmulatorController:
@@ -87,13 +113,7 @@ class EmulatorController:
                 "status": {"phase": "Pending"},
             }, manager=deployments.MANAGER)
         if len(pods) > want:
-            # Remove the least useful first, as the ReplicaSet controller does: not ready,
-            # then the newest.
-            def rank(pod: Obj) -> tuple[bool, str]:
-                ready = timeline.is_true(pod, "Ready")
-                return (ready, "~" + pod["metadata"]["creationTimestamp"])
-
-            for pod in sorted(pods, key=rank)[: len(pods) - want]:
+            for pod in sorted(pods, key=deletion_rank)[: len(pods) - want]:
                 store.delete(self._pods, meta["namespace"], pod["metadata"]["name"])
 
     def _node_for(self, pod: Obj) -> str | None:

@@ -86,6 +86,14 @@ DEFAULT_TYPES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "podtemplates", "PodTemplate"),
     ResourceType("autoscaling.x-k8s.io", "v1alpha1", "capacitybuffers", "CapacityBuffer",
                  has_status=True, builtin=False, generation=True, unconditional_update=False),
+    # Dynamic Resource Allocation, resource.k8s.io/v1 (GA in 1.34): slices and classes are
+    # cluster-scoped and bump metadata.generation on spec changes (the resourceslice and
+    # deviceclass strategies in pkg/registry/resource); claims are namespaced, with status.
+    ResourceType("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", namespaced=False,
+                 generation=True),
+    ResourceType("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", namespaced=False,
+                 generation=True),
+    ResourceType("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", has_status=True),
     # The CRD with a scale subresource: LeaderWorkerSet, as multi-node inference uses it.
     _scaled(group="leaderworkerset.x-k8s.io", version="v1", plural="leaderworkersets",
             kind="LeaderWorkerSet", builtin=False),

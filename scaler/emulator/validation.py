@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from scaler.actuators import selectors
+from scaler.actuators import deletion_cost, selectors
 from scaler.emulator import apierrors
 from scaler.emulator.apierrors import FieldError, Obj, invalid_value, required
 
@@ -89,6 +89,19 @@ def deployment(obj: Obj) -> list[FieldError]:
     return errors
 
 
+def pod(obj: Obj) -> list[FieldError]:
+    """core ValidatePodSpecificAnnotations, the part clients write: a pod-deletion-cost
+    that is not a plain int32 is refused ("must be a 32bit integer", at
+    `metadata.annotations[controller.kubernetes.io/pod-deletion-cost]`). The API server
+    lets an update keep a value that was already invalid; the emulator never stores one."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    value = annotations.get(deletion_cost.ANNOTATION)
+    if value is None or (isinstance(value, str) and deletion_cost.parse_cost(value) is not None):
+        return []
+    return [invalid_value(f"metadata.annotations[{deletion_cost.ANNOTATION}]", value,
+                          "must be a 32bit integer")]
+
+
 def core_event(obj: Obj, *, strict_meta: bool) -> list[FieldError]:
     """core ValidateEventCreate: the involved object lives in the Event's namespace (old
     style events, no eventTime), or the new-style fields are set (eventTime given)."""
@@ -155,4 +168,6 @@ def for_type(key: tuple[str, str], obj: Obj) -> list[FieldError]:
         errors += deployment(obj)
     elif key == ("coordination.k8s.io", "leases"):
         errors += lease(obj)
+    elif key == ("", "pods"):
+        errors += pod(obj)
     return errors

@@ -106,6 +106,18 @@ class ClusterState:
     observations: recent pod start timelines, for learning time to ready.
     budget_gpus: an external cap on the GPUs this model may hold in all (from a tenant or
       pool budget), on top of the policy's own `budget`; None = no external cap.
+    budget_reason: why that cap is what it is (the fleet arbitration's `Grant.reason`,
+      e.g. "capped by tenant search: 16 of 16 GPUs; batch model ns/x gave 2"), shown in
+      the EXTERNAL_BUDGET clamp; None = no reason given.
+    busy_replicas: replicas reporting unfinished work (fresh in_flight or queue_depth > 0
+      from their own `source`), which a scale-down keeps (`spare.busy_floor`); set for
+      batch-tier policies only; None = no such guard.
+    excluded_gpus: GPUs of the pool's healthy nodes not counted as capacity (DCGM health
+      errors), and `capacity_notes` why, one line per node ("node gpu-3: 2 of 8 GPUs
+      excluded: XID 79 on GPU 5, 6"); for the explanation and /metrics, never decided on.
+    gpu_sm_active: mean DCGM SM-active ratio (0..1) of the model's ready pods' GPUs, the
+      useful share of their GPU time; None = no DCGM reading (the replicas' busy ratio
+      stands in).
     """
 
     current: int
@@ -114,14 +126,25 @@ class ClusterState:
     free_replica_slots: int | None = None
     observations: tuple[ColdStartObservation, ...] = ()
     budget_gpus: int | None = None
+    budget_reason: str | None = None
+    busy_replicas: int | None = None
+    excluded_gpus: int = 0
+    capacity_notes: tuple[str, ...] = ()
+    gpu_sm_active: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Recommendation:
-    """A time-stamped recommendation kept for stabilization windows."""
+    """A time-stamped recommendation kept for stabilization windows.
+
+    `load`: when it was made while a backlog was being served (overloaded or draining),
+    the replicas the load alone needed then (None otherwise): once the backlog is gone the
+    down window holds that, not what draining it took.
+    """
 
     at: float
     replicas: int
+    load: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +193,8 @@ class EngineState:
     learned_pod_start_s / learned_node_boot_s: smoothed observed start times (None until
       observed); last_observation_at: the newest observation already learned from.
     replicas_per_request_rate: smoothed load of one request per second, in replicas,
-      learned from the arrival rate while the model is not saturated (None until seen).
+      learned from the arrival rate while the model is not saturated (None until seen);
+      load_samples: how many samples it was learned from (the first few are averaged).
     last_desired: the last decided replicas (None before the first decision).
     forecast_check / horizon_scale: the look-ahead checking itself: the outstanding
       forecast to compare with what happened, and the share of the trend still trusted
@@ -192,6 +216,7 @@ class EngineState:
     learned_node_boot_s: float | None = None
     last_observation_at: float = float("-inf")
     replicas_per_request_rate: float | None = None
+    load_samples: int = 0
     last_desired: int | None = None
     forecast_check: ForecastCheck | None = None
     horizon_scale: float = 1.0
@@ -252,6 +277,7 @@ class ClampName(enum.StrEnum):
     MAX = "max"
     BUDGET = "budget"
     EXTERNAL_BUDGET = "external_budget"
+    UNFINISHED_WORK = "unfinished_work"
 
 
 class StepName(enum.StrEnum):

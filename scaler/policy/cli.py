@@ -1,4 +1,5 @@
-"""`scaler validate` and `scaler schema`: check policy files, print the JSON Schema."""
+"""`scaler validate` and `scaler schema`: check policy, pool and budget files, print the JSON
+Schema."""
 
 from __future__ import annotations
 
@@ -9,10 +10,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from scaler.core import schema as core_schema
-from scaler.policy import lint, loader, model
+from scaler.policy import fleet, lint, loader, model
 
 SchemaDocument = Callable[[], dict[str, Any]]
+
+MODELS: dict[str, type[BaseModel]] = {
+    model.KIND: model.ScalePolicy, fleet.POOL_KIND: fleet.GpuPool,
+    fleet.BUDGET_KIND: fleet.GpuBudget}
+"""The model of each kind of document, for `scaler schema --kind`."""
 
 
 def register(
@@ -21,9 +29,11 @@ def register(
     """`validate` and `schema`. `settings_schema` gives the service settings' JSON Schema:
     the settings live in the service layer, above this one, so the caller passes it in."""
     validate = subparsers.add_parser(
-        "validate", help="check ScalePolicy files and folders",
-        description="Check ScalePolicy files and folders. Exit 0 when all are valid, 1 if not "
-        "(an error, or a path with no ScalePolicy in it).")
+        "validate", help="check ScalePolicy, GpuPool and GpuBudget files and folders",
+        description="Check ScalePolicy, GpuPool and GpuBudget files and folders, and their "
+        "references to each other (a policy's pool, a budget's pool, guarantees within the "
+        "pools). Exit 0 when all are valid, 1 if not (an error, or a path with none of them "
+        "in it).")
     validate.add_argument("paths", nargs="+", type=Path, metavar="PATH")
     validate.add_argument("--json", action="store_true", help="machine-readable output")
     validate.set_defaults(handler=_validate)
@@ -35,6 +45,8 @@ def register(
     schema.add_argument("--settings", action="store_true",
                         help="the service settings' schema instead (settings file, SCALER_ "
                         "variables)")
+    schema.add_argument("--kind", choices=sorted(MODELS), default=model.KIND,
+                        help="the kind of document (default: ScalePolicy)")
     schema.set_defaults(handler=_schema, settings_schema=settings_schema)
 
 
@@ -44,11 +56,16 @@ def _validate(args: argparse.Namespace) -> int:
     result = loader.load_paths(existing)
     errors = [loader.PolicyError(path=str(p), document=None, field="", message="no such file")
               for p in missing] + _nothing_found(existing, result) + result.errors
+    errors += loader.reference_errors(result)
     warned = [text for item in result.loaded for text in lint.warnings(item.policy)]
+    fleet_items: list[loader.Loaded[fleet.GpuPool] | loader.Loaded[fleet.GpuBudget]] = [
+        *result.pools, *result.budgets]
     if args.json:
         json.dump({
             "valid": [{"policy": item.policy.key, "path": item.path, "document": item.document}
                       for item in result.loaded],
+            "fleet": [{"kind": item.value.kind, "name": item.value.name, "path": item.path,
+                       "document": item.document} for item in fleet_items],
             "errors": [e.as_dict() for e in errors],
             "warnings": warned,
         }, sys.stdout, indent=2)
@@ -56,33 +73,42 @@ def _validate(args: argparse.Namespace) -> int:
     else:
         for item in result.loaded:
             print(f"ok    {item.policy.key}  ({item.path}, document {item.document})")
+        for fleet_item in fleet_items:
+            print(f"ok    {fleet_item.value.kind} {fleet_item.value.name}  ({fleet_item.path}, "
+                  f"document {fleet_item.document})")
         for error in errors:
             print(f"error {error}")
         for text in warned:
             print(f"warn  {text}")
-        print(f"{len(result.loaded)} valid, {len(errors)} error(s)")
+        print(f"{len(result.loaded)} valid, {len(errors)} error(s)"
+              + (f"; {len(result.pools)} GpuPool(s), {len(result.budgets)} GpuBudget(s)"
+                 if fleet_items else ""))
     return 1 if errors else 0
 
 
 def _nothing_found(paths: list[Path], result: loader.LoadResult) -> list[loader.PolicyError]:
-    """An error for each named path that holds no ScalePolicy document, valid or not: an
-    empty folder (or a wrong one) must not pass as "0 valid, 0 error(s)"."""
-    seen = {item.path for item in result.loaded} | {error.path for error in result.errors}
+    """An error for each named path that holds no ScalePolicy, GpuPool or GpuBudget
+    document, valid or not: an empty folder (or a wrong one) must not pass as "0 valid,
+    0 error(s)"."""
+    seen = ({item.path for item in result.loaded} | {error.path for error in result.errors}
+            | {item.path for item in result.pools} | {item.path for item in result.budgets})
     return [loader.PolicyError(
                 path=str(path), document=None, field="",
-                message="no ScalePolicy found (a folder is searched for *.yaml and *.yml "
-                "files; documents of other kinds are skipped)")
+                message="no ScalePolicy found, nor a GpuPool or GpuBudget (a folder is "
+                "searched for *.yaml and *.yml files; documents of other API groups are "
+                "skipped)")
             for path in paths
             if not any(str(file) in seen for file in loader.iter_policy_files([path]))]
 
 
-def schema_document() -> dict[str, Any]:
-    """The JSON Schema of one ScalePolicy document, as written in files (camelCase)."""
-    return core_schema.document(model.ScalePolicy, title="ScalePolicy", by_alias=True)
+def schema_document(kind: str = model.KIND) -> dict[str, Any]:
+    """The JSON Schema of one document of `kind` (ScalePolicy, GpuPool, GpuBudget), as
+    written in files (camelCase)."""
+    return core_schema.document(MODELS[kind], title=kind, by_alias=True)
 
 
 def _schema(args: argparse.Namespace) -> int:
-    document = args.settings_schema() if args.settings else schema_document()
+    document = args.settings_schema() if args.settings else schema_document(args.kind)
     json.dump(document, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

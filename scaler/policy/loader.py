@@ -1,17 +1,18 @@
-"""Loading ScalePolicy files and folders, with errors that name file, document and field."""
+"""Loading ScalePolicy, GpuPool and GpuBudget files and folders, with errors that name
+file, document and field."""
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Generic, Literal, TypeVar, get_args
 
 import pydantic
 import yaml
 
 from scaler.core import errors
-from scaler.policy import model
+from scaler.policy import fleet, model
 
 POLICY_SUFFIXES = (".yaml", ".yml")
 
@@ -60,10 +61,37 @@ class LoadedPolicy:
         return f"{self.path} (document {self.document})"
 
 
+FleetObject = TypeVar("FleetObject", fleet.GpuPool, fleet.GpuBudget)
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded(Generic[FleetObject]):
+    """A valid GpuPool or GpuBudget and where it came from."""
+
+    value: FleetObject
+    path: str
+    document: int
+
+    @property
+    def where(self) -> str:
+        return f"{self.path} (document {self.document})"
+
+
 @dataclass(slots=True)
 class LoadResult:
+    """What a load found: valid policies, pools and budgets (each with its file), errors."""
+
     loaded: list[LoadedPolicy] = field(default_factory=list)
     errors: list[PolicyError] = field(default_factory=list)
+    pools: list[Loaded[fleet.GpuPool]] = field(default_factory=list)
+    budgets: list[Loaded[fleet.GpuBudget]] = field(default_factory=list)
+
+    def extend(self, other: LoadResult) -> None:
+        """Add everything `other` found (collisions are resolved later, by the caller)."""
+        self.loaded.extend(other.loaded)
+        self.errors.extend(other.errors)
+        self.pools.extend(other.pools)
+        self.budgets.extend(other.budgets)
 
     @property
     def policies(self) -> list[model.ScalePolicy]:
@@ -106,8 +134,14 @@ def validation_errors(exc: pydantic.ValidationError, path: str, index: int) -> l
                 exc, unknown_field="unknown field (check the spelling; fields are camelCase)")]
 
 
+KINDS = (model.KIND, fleet.POOL_KIND, fleet.BUDGET_KIND)
+"""The kinds of scaler.io documents a file may hold."""
+GROUP_PREFIX = "scaler.io/"
+
+
 def parse_documents(text: str, path: str) -> LoadResult:
-    """Parse every YAML document in `text`; empty documents are skipped."""
+    """Parse every YAML document in `text`; empty documents are skipped, and so are the
+    documents of other API groups (a ConfigMap bundle may share the file)."""
     result = LoadResult()
     try:
         documents = list(yaml.load_all(text, Loader=StrictLoader))  # a SafeLoader
@@ -121,18 +155,32 @@ def parse_documents(text: str, path: str) -> LoadResult:
         if not isinstance(document, dict):
             result.errors.append(PolicyError(
                 path=path, document=index, field="",
-                message=f"expected a mapping (a ScalePolicy), got {type(document).__name__}",
+                message="expected a mapping (a ScalePolicy, GpuPool or GpuBudget), got "
+                        f"{type(document).__name__}",
                 reason="not_a_policy"))
             continue
-        if document.get("kind") not in (None, model.KIND):
+        kind = document.get("kind")
+        if kind not in (None, *KINDS):
+            if str(document.get("apiVersion", "")).startswith(GROUP_PREFIX):
+                # Ours, misspelt: skipping it would drop a pool or budget without a word.
+                result.errors.append(PolicyError(
+                    path=path, document=index, field="kind",
+                    message=f"unknown kind {kind!r} for {document['apiVersion']}: one of "
+                            f"{', '.join(KINDS)}", reason="not_a_policy"))
             # Other Kubernetes objects may share a file (e.g. a ConfigMap bundle): not ours.
             continue
         try:
-            policy = model.ScalePolicy.model_validate(document)
+            if kind == fleet.POOL_KIND:
+                pool = fleet.GpuPool.model_validate(document)
+                result.pools.append(Loaded(value=pool, path=path, document=index))
+            elif kind == fleet.BUDGET_KIND:
+                budget = fleet.GpuBudget.model_validate(document)
+                result.budgets.append(Loaded(value=budget, path=path, document=index))
+            else:
+                policy = model.ScalePolicy.model_validate(document)
+                result.loaded.append(LoadedPolicy(policy=policy, path=path, document=index))
         except pydantic.ValidationError as exc:
             result.errors.extend(validation_errors(exc, path, index))
-            continue
-        result.loaded.append(LoadedPolicy(policy=policy, path=path, document=index))
     return result
 
 
@@ -203,9 +251,7 @@ def load_paths(
         if isinstance(text, PolicyError):
             result.errors.append(text)
             continue
-        part = parse_documents(text, str(path))
-        result.errors.extend(part.errors)
-        result.loaded.extend(part.loaded)
+        result.extend(parse_documents(text, str(path)))
     return _resolve_collisions(result, in_force or {})
 
 
@@ -215,8 +261,7 @@ def combine(*parts: LoadResult, in_force: Mapping[str, LoadedPolicy] | None = No
     across them resolved as between two files: the policy in force wins, else the earlier."""
     result = LoadResult()
     for part in parts:
-        result.loaded.extend(part.loaded)
-        result.errors.extend(part.errors)
+        result.extend(part)
     return _resolve_collisions(result, in_force or {})
 
 
@@ -275,7 +320,24 @@ def _resolve_collisions(result: LoadResult, in_force: Mapping[str, LoadedPolicy]
         by_target[target] = item
         kept.add(index)
     result.loaded = [item for index, item in enumerate(result.loaded) if index in kept]
+    result.pools = _first_of_each_name(result.pools, result.errors)
+    result.budgets = _first_of_each_name(result.budgets, result.errors)
     return result
+
+
+def _first_of_each_name(items: list[Loaded[FleetObject]], problems: list[PolicyError]
+                        ) -> list[Loaded[FleetObject]]:
+    """One pool (or budget) per name: the first in load order; the others become errors."""
+    by_name: dict[str, Loaded[FleetObject]] = {}
+    for item in items:
+        holder = by_name.setdefault(item.value.name, item)
+        if holder is not item:
+            problems.append(PolicyError(
+                path=item.path, document=item.document, field="metadata.name",
+                message=f"{item.value.kind} {item.value.name} is already defined in "
+                        f"{holder.where}, which wins (files load in path order, then by "
+                        "document): this definition is rejected", reason="duplicate"))
+    return list(by_name.values())
 
 
 def _is_in_force(item: LoadedPolicy, in_force: Mapping[str, LoadedPolicy]) -> bool:
@@ -292,3 +354,129 @@ def _collision(item: LoadedPolicy, holder: LoadedPolicy, *,
                "is rejected")
     return PolicyError(path=item.path, document=item.document, field=field,
                        message=f"{what} in {holder.where}, {why}", reason="duplicate")
+
+
+# -- references across files (`scaler validate`) ---------------------------------------------
+
+
+def reference_errors(result: LoadResult) -> list[PolicyError]:
+    """What the valid documents of a load get wrong about each other, each error at one
+    document and naming the other's file: a policy on a pool no GpuPool defines (when any
+    does) or disagreeing with its GpuPool, a budget on a missing pool, two budgets for the
+    same owner and pool, guarantees above the pools' unreserved GPUs."""
+    pools = {item.value.name: item for item in result.pools}
+    problems: list[PolicyError] = []
+    for item in result.loaded:
+        problems += _policy_on_pool(item, pools)
+    problems += _budget_owners(result.budgets)
+    problems += _guarantees(result.budgets, pools)
+    return problems
+
+
+def _pool_list(pools: Mapping[str, Loaded[fleet.GpuPool]]) -> str:
+    if not pools:
+        return "no GpuPool is defined"
+    return "defined: " + ", ".join(f"{name} in {item.where}"
+                                   for name, item in sorted(pools.items()))
+
+
+def _policy_on_pool(item: LoadedPolicy, pools: Mapping[str, Loaded[fleet.GpuPool]]
+                    ) -> list[PolicyError]:
+    spec = item.policy.spec
+    if spec.node_pool is None or not pools:
+        return []  # without pool files, spec.nodePool is the whole truth
+
+    def problem(field: str, message: str) -> PolicyError:
+        return PolicyError(path=item.path, document=item.document, field=field, message=message)
+
+    held = pools.get(spec.node_pool.name)
+    if held is None:
+        return [problem("spec.nodePool.name", f"names GpuPool {spec.node_pool.name!r}, which "
+                        f"is not defined ({_pool_list(pools)})")]
+    pool, where = held.value.spec, f"GpuPool {held.value.name} in {held.where}"
+    problems = []
+    if spec.resources.resource_name != pool.resource_name:
+        problems.append(problem("spec.resources.resourceName", (
+            f"{spec.resources.resource_name}, but {where} offers {pool.resource_name}")))
+    if spec.node_pool.gpus_per_node != pool.gpus_per_node:
+        problems.append(problem("spec.nodePool.gpusPerNode", (
+            f"{spec.node_pool.gpus_per_node}, but {where} has {pool.gpus_per_node} GPUs per "
+            "node")))
+    if spec.node_pool.max_nodes is not None and spec.node_pool.max_nodes > pool.max_nodes:
+        problems.append(problem("spec.nodePool.maxNodes", (
+            f"{spec.node_pool.max_nodes}, above the {pool.max_nodes} nodes of {where}")))
+    domain = pool.topology.nvlink_domain_gpus if pool.topology else None
+    if domain is not None and spec.resources.gpus_per_replica > domain:
+        problems.append(problem("spec.resources.gpusPerReplica", (
+            f"{spec.resources.gpus_per_replica} GPUs per replica do not fit in one NVLink "
+            f"domain of {domain} GPUs of {where}: a tensor-parallel replica needs one")))
+    return problems
+
+
+def _budget_owners(budgets: list[Loaded[fleet.GpuBudget]]) -> list[PolicyError]:
+    """Two budgets for one owner on one pool would be two ceilings for the same GPUs."""
+    problems = []
+    seen: dict[tuple[str, str, str | None], Loaded[fleet.GpuBudget]] = {}
+    for item in budgets:
+        spec = item.value.spec
+        label, owner = spec.owner
+        first = seen.setdefault((label, owner, spec.pool), item)
+        if first is not item:
+            where = "every pool" if spec.pool is None else f"pool {spec.pool}"
+            problems.append(PolicyError(
+                path=item.path, document=item.document,
+                field="spec.tenant" if label == "tenant" else "spec.costCenter",
+                message=f"{label} {owner} on {where} is already covered by GpuBudget "
+                        f"{first.value.name} in {first.where}: merge the two"))
+    return problems
+
+
+def _guarantees(budgets: list[Loaded[fleet.GpuBudget]],
+                pools: Mapping[str, Loaded[fleet.GpuPool]]) -> list[PolicyError]:
+    """A budget on a missing pool; guarantees that the pools cannot all keep at once.
+
+    Per pool, the guarantees naming it must fit in its unreserved GPUs (64 GPUs with 16
+    reserved for training guarantee at most 48); all guarantees together, those on every
+    pool included, must fit in all pools' unreserved GPUs.
+    """
+    problems = []
+    guaranteed: list[Loaded[fleet.GpuBudget]] = []
+    for item in budgets:
+        spec = item.value.spec
+        if spec.pool is not None and spec.pool not in pools:
+            problems.append(PolicyError(
+                path=item.path, document=item.document, field="spec.pool",
+                message=f"names GpuPool {spec.pool!r}, which is not defined "
+                        f"({_pool_list(pools)})"))
+        elif spec.guaranteed_gpus > 0:
+            guaranteed.append(item)
+    for name, held in sorted(pools.items()):
+        problems += _over([item for item in guaranteed if item.value.spec.pool == name],
+                          shareable=held.value.spec.shareable_gpus,
+                          reserved=held.value.spec.reserved_gpus,
+                          what=f"GpuPool {name} in {held.where}")
+    if any(item.value.spec.pool is None for item in guaranteed):
+        problems += _over(
+            guaranteed, shareable=sum(i.value.spec.shareable_gpus for i in pools.values()),
+            reserved=sum(i.value.spec.reserved_gpus for i in pools.values()),
+            what=f"all pools together ({_pool_list(pools)})")
+    return problems
+
+
+def _over(guarantees: list[Loaded[fleet.GpuBudget]], *, shareable: int, reserved: int,
+          what: str) -> list[PolicyError]:
+    """One error, at the budget whose guarantee takes the running sum above `shareable`
+    GPUs, naming the others: 32 + 24 on a pool of 48 unreserved is an error at the second."""
+    running = 0
+    for item in guarantees:
+        running += item.value.spec.guaranteed_gpus
+        if running > shareable:
+            total = sum(each.value.spec.guaranteed_gpus for each in guarantees)
+            others = ", ".join(f"{each.value.name}: {each.value.spec.guaranteed_gpus} in "
+                               f"{each.where}" for each in guarantees if each is not item)
+            return [PolicyError(
+                path=item.path, document=item.document, field="spec.guaranteedGpus",
+                message=f"the guarantees on {what} come to {total} GPUs"
+                        + (f" with {others}" if others else "")
+                        + f", above its {shareable} unreserved GPUs ({reserved} reserved)")]
+    return []

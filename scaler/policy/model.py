@@ -18,6 +18,10 @@ KIND = "ScalePolicy"
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _HHMM = re.compile(r"^([01]\d|2[0-3]):[0-5]\d$|^24:00$")
 _DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+# An extended resource name: a vendor domain, '/', and a name (nvidia.com/mig-1g.10gb).
+_RESOURCE_NAME = re.compile(r"^[a-z0-9.-]+/[a-z0-9][-a-z0-9._]*$")
+TENANT_LABEL = "tenant"
+COST_CENTER_LABEL = "cost-center"
 
 
 class _Model(BaseModel):
@@ -37,6 +41,12 @@ def _dns_name(value: str, what: str) -> str:
             f"{what} {value!r} is not a valid Kubernetes name "
             "(lowercase letters, digits and '-', at most 63 characters)"
         )
+    return value
+
+
+def _resource_name(value: str) -> str:
+    if not _RESOURCE_NAME.match(value):
+        raise ValueError(f"{value!r} is not an extended resource name like nvidia.com/gpu")
     return value
 
 
@@ -461,13 +471,17 @@ class Resources(_Model):
     resource_name: str = Field(
         default="nvidia.com/gpu", description="Extended resource of those GPUs, including "
         "MIG profiles such as nvidia.com/mig-1g.10gb. Default: a whole NVIDIA GPU.")
+    device_class_name: str | None = Field(
+        default=None, min_length=1, max_length=253, description="DeviceClass "
+        "(resource.k8s.io/v1) whose devices the replicas claim through "
+        "ResourceClaimTemplates (DRA), instead of the extended resource: pool capacity is "
+        "then the devices of this class in the nodes' ResourceSlices, use their allocated "
+        "ResourceClaims. None: GPUs are the extended resource `resourceName`.")
 
     @field_validator("resource_name")
     @classmethod
     def _resource(cls, value: str) -> str:
-        if not re.match(r"^[a-z0-9.-]+/[a-z0-9][-a-z0-9._]*$", value):
-            raise ValueError(f"{value!r} is not an extended resource name like nvidia.com/gpu")
-        return value
+        return _resource_name(value)
 
 
 class Toleration(_Model):
@@ -587,6 +601,10 @@ class ScalePolicySpec(_Model):
     profile: str | None = Field(
         default=None, description="Replica performance profile used by the simulator and "
         "demo (e.g. llama-3.1-8b-h100). None: the simulator's default profile.")
+    tier: vocabulary.Tier = Field(
+        default=vocabulary.DEFAULT_TIER, description="Priority on a shared GPU pool: online "
+        "(users waiting) before batch (offline work, absorbs a shortfall) before dev. "
+        "Default online: a model serves users unless it says otherwise.")
 
     @model_validator(mode="after")
     def _cross(self) -> ScalePolicySpec:
@@ -634,4 +652,14 @@ class ScalePolicy(_Model):
     def key(self) -> str:
         """'namespace/name': how the service, store and metrics name a model."""
         return vocabulary.model_key(self.metadata.namespace, self.metadata.name)
+
+    @property
+    def tenant(self) -> str | None:
+        """The `tenant` label: whose model this is, for GpuBudgets and cost reports."""
+        return self.metadata.labels.get(TENANT_LABEL)
+
+    @property
+    def cost_center(self) -> str | None:
+        """The `cost-center` label: who pays, for GpuBudgets and cost reports."""
+        return self.metadata.labels.get(COST_CENTER_LABEL)
 

@@ -57,6 +57,10 @@ def decision_document(
             "starting": len(cluster.starting),
             "free_replica_slots": cluster.free_replica_slots,
             "budget_gpus": cluster.budget_gpus,
+            "budget_reason": cluster.budget_reason,
+            "excluded_gpus": cluster.excluded_gpus,
+            "capacity_notes": list(cluster.capacity_notes),
+            "gpu_sm_active": cluster.gpu_sm_active,
         },
         "counters": {"decisions": dict(status.decisions), "patches": dict(status.patches)},
         "conditions": conditions.view(status.policy, observation),
@@ -100,6 +104,7 @@ _CLAMP_WORDS: dict[str, str] = {
     engine_types.ClampName.MAX: "the maximum is {after}",
     engine_types.ClampName.BUDGET: "the GPU budget allows {after}",
     engine_types.ClampName.EXTERNAL_BUDGET: "the pool or tenant budget allows {after}",
+    engine_types.ClampName.UNFINISHED_WORK: "replicas with unfinished work keep {after}",
 }
 
 
@@ -142,6 +147,8 @@ def describe(document: dict[str, Any]) -> str:
         f"Cluster: {cluster['current']} asked for, {cluster['ready']} ready, "
         f"{cluster['starting']} starting."
     )
+    for note in cluster.get("capacity_notes") or []:
+        lines.append(f"Pool capacity: {note}.")
     lines.append("Signals:")
     if not decision["signals"]:
         lines.append("  (none configured)")

@@ -69,6 +69,13 @@ class StateCollector(Collector):
                              "Wall-clock time of the last decision.", MODEL)
         time_to_ready = g.gauge("scaler_time_to_ready_seconds",
                                 "Predicted seconds until a new replica is ready.", MODEL)
+        useful_ratio = g.gauge(
+            "scaler_useful_ratio", "Useful share of the ready replicas' GPU time in the last "
+            "observation, by source: dcgm (SM-active, measured), replicas (their load over "
+            "capacity, estimated) or assumed (1).", [*MODEL, "source"])
+        excluded_gpus = g.gauge(
+            "scaler_pool_excluded_gpus", "GPUs of the model's pool on healthy nodes not "
+            "counted as capacity (DCGM XID or double-bit ECC errors).", MODEL)
         forecast = g.gauge("scaler_forecast_demand_replicas",
                            "Demand in replicas, now and at the time a new replica is ready.",
                            [*MODEL, "horizon"])
@@ -82,8 +89,9 @@ class StateCollector(Collector):
             "the next evaluation runs as usual).", MODEL)
         gpu_hours = g.counter("scaler_gpu_hours", "Allocated GPU-hours, cold starts included.",
                               COST)
-        useful_hours = g.counter("scaler_useful_gpu_hours",
-                                 "Busy share of allocated GPU-hours (estimated).", COST)
+        useful_hours = g.counter(
+            "scaler_useful_gpu_hours", "Busy share of allocated GPU-hours: DCGM SM-active "
+            "where read, else estimated (scaler_useful_ratio names the source).", COST)
         cost = g.counter("scaler_cost", f"GPU cost (allocated GPU-hours x gpuHourly), {CURRENCY}.",
                          COST)
         idle_cost = g.counter("scaler_idle_cost",
@@ -146,6 +154,10 @@ class StateCollector(Collector):
             current.add_metric(key, last.cluster.current)
             ready.add_metric(key, last.cluster.ready)
             starting.add_metric(key, len(last.cluster.starting))
+            busy, busy_source = service_state.busy_reading(status.policy, last)
+            useful_ratio.add_metric([*key, busy_source], busy)
+            if status.policy.spec.node_pool is not None:
+                excluded_gpus.add_metric(key, last.cluster.excluded_gpus)
             if decision.recommendation is not None:
                 recommendation.add_metric(key, decision.recommendation)
             held.add_metric(key, 1.0 if decision.held else 0.0)
@@ -211,6 +223,12 @@ class StateCollector(Collector):
             headroom.add_metric([plan.pool], plan.headroom_nodes)
             for outcome, count in sorted(pool.applies.items()):
                 pool_applies.add_metric([plan.pool, outcome], count)
+        deletion_costs = g.counter(
+            "scaler_pod_annotations", "controller.kubernetes.io/pod-deletion-cost writes "
+            "before scale-downs, by outcome (patched, failed, list_failed: the pods could not "
+            "be listed).", ["outcome"])
+        for outcome, count in sorted(self._state.deletion_costs().items()):
+            deletion_costs.add_metric([outcome], count)
         dropped = g.counter("scaler_dropped_messages",
                             "Signal messages dropped, by source and reason.", ["source", "reason"])
         for (source, reason), count in sorted(self._state.dropped().items()):

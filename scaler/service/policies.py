@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
-from scaler.policy import loader
+from scaler.policy import fleet, loader
 
 log = logging.getLogger(__name__)
 
@@ -23,30 +24,62 @@ class PolicySet:
     policies: model key -> the loaded policy (with its file and document).
     kept: keys whose file now has errors, so their last good version stays in force.
     errors: every problem of the latest load.
+    pools, budgets: GpuPool and GpuBudget name -> the loaded object, kept like policies.
     """
 
     policies: Mapping[str, loader.LoadedPolicy]
     kept: tuple[str, ...] = ()
     errors: tuple[loader.PolicyError, ...] = ()
+    pools: Mapping[str, loader.Loaded[fleet.GpuPool]] = dataclasses.field(default_factory=dict)
+    budgets: Mapping[str, loader.Loaded[fleet.GpuBudget]] = dataclasses.field(
+        default_factory=dict)
+
+    @property
+    def fleet(self) -> fleet.Fleet:
+        """The pools and budgets in force."""
+        return fleet.Fleet(pools={name: item.value for name, item in self.pools.items()},
+                           budgets={name: item.value for name, item in self.budgets.items()})
 
 
-def merge(previous: Mapping[str, loader.LoadedPolicy], result: loader.LoadResult) -> PolicySet:
+Item = TypeVar("Item", loader.LoadedPolicy, loader.Loaded[fleet.GpuPool],
+               loader.Loaded[fleet.GpuBudget])
+
+
+def _keep_last_good(fresh: dict[str, Item], previous: Mapping[str, Item],
+                    broken_files: set[str]) -> list[str]:
+    """Add to `fresh` what `previous` had from a file that now has errors; the keys kept."""
+    kept = []
+    for key, item in previous.items():
+        if key not in fresh and item.path in broken_files:
+            fresh[key] = item
+            kept.append(key)
+    return sorted(kept)
+
+
+def merge(previous: Mapping[str, loader.LoadedPolicy], result: loader.LoadResult, *,
+          fleet_in_force: PolicySet | None = None) -> PolicySet:
     """The new policy set from a load, keeping the last good version where a file broke.
 
     A policy missing from the new load stays if its file now has an error (a typo in an
     edit must not delete the model's scaling, DESIGN 4.1); it goes if its file is gone or
     loads cleanly without it (a deliberate removal). A file with errors keeps every policy
-    it had, since a broken document cannot say which model it was meant to be.
+    it had, since a broken document cannot say which model it was meant to be. The pools
+    and budgets of `fleet_in_force` (the set in force) are kept the same way.
     """
     policies = {item.policy.key: item for item in result.loaded}
+    pools = {item.value.name: item for item in result.pools}
+    budgets = {item.value.name: item for item in result.budgets}
     broken_files = {error.path for error in result.errors}
-    kept = []
-    for key, item in previous.items():
-        if key not in policies and item.path in broken_files:
-            policies[key] = item
-            kept.append(key)
-    return PolicySet(policies=policies, kept=tuple(sorted(kept)),
-                     errors=tuple(result.errors))
+    kept = _keep_last_good(policies, previous, broken_files)
+    if fleet_in_force is not None:
+        kept_fleet = ([f"{fleet.POOL_KIND} {name}" for name in
+                       _keep_last_good(pools, fleet_in_force.pools, broken_files)]
+                      + [f"{fleet.BUDGET_KIND} {name}" for name in
+                         _keep_last_good(budgets, fleet_in_force.budgets, broken_files)])
+        for what in kept_fleet:
+            log.warning("%s: the new version is invalid; the last good one stays", what)
+    return PolicySet(policies=policies, kept=tuple(kept), errors=tuple(result.errors),
+                     pools=pools, budgets=budgets)
 
 
 def fingerprint(
@@ -116,7 +149,7 @@ class PolicyWatcher:
             self._resources_print = self.resources.fingerprint()
             result = loader.combine(result, self.resources.load(),
                                     in_force=self.current.policies)
-        merged = merge(self.current.policies, result)
+        merged = merge(self.current.policies, result, fleet_in_force=self.current)
         self._print = current_print
         self.current = merged
         for error in merged.errors:

@@ -18,11 +18,14 @@ from pathlib import Path
 
 from scaler.actuators import authn as delegated
 from scaler.actuators import base as actuators
+from scaler.actuators import cluster_reader as kube_reader
+from scaler.actuators import deletion_cost, wiring
 from scaler.actuators import leader as kube_leader
 from scaler.actuators import policy_resources as kube_policies
 from scaler.actuators import resources as kube_resources
 from scaler.actuators import settings as kube_settings
-from scaler.actuators import wiring
+from scaler.core import vocabulary
+from scaler.engine import spare
 from scaler.policy import model
 from scaler.service import audit as audit_log
 from scaler.service import (
@@ -39,7 +42,16 @@ from scaler.service import (
 )
 from scaler.service import settings as service_settings
 from scaler.service import state as service_state
-from scaler.signals import http_push, nats_core, registry, samples, source, store
+from scaler.signals import (
+    http_push,
+    messages,
+    nats_core,
+    prometheus,
+    registry,
+    samples,
+    source,
+    store,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,15 +85,21 @@ class ClusterBackend:
     policy_resources: kube_policies.PolicyResources | None = None
     """ScalePolicy resources, a policy source beside the files (`policies.resources`)."""
     status_writer: kube_policies.StatusWriter | None = None
+    deletion_costs: deletion_cost.DeletionCoster | None = None
+    """Writes pod deletion costs before scale-downs (`kube.deletion_cost`); its counts go
+    to /metrics."""
 
 
 async def kubernetes_backend(
     settings: kube_settings.KubeSettings, *, wall_clock: Callable[[], float], identity: str,
     policy_settings: service_settings.PolicySettings | None = None,
+    work: deletion_cost.WorkReader | None = None,
 ) -> ClusterBackend:
     """The Kubernetes adapters (`actuators.wiring`) over one API client, watches started;
-    with `policies.resources`, the ScalePolicy resources too (listed before this returns)."""
-    adapters = await wiring.connect(settings, identity=identity, wall_clock=wall_clock)
+    with `policies.resources`, the ScalePolicy resources too (listed before this returns).
+    `work`: each replica's reported work, for pod deletion costs before a scale-down."""
+    adapters = await wiring.connect(settings, identity=identity, wall_clock=wall_clock,
+                                    work=work)
     resources = writer = None
     try:
         await adapters.start()
@@ -112,7 +130,8 @@ async def kubernetes_backend(
                           leader=adapters.leader, pool_actuators=adapters.pools,
                           announce=announce, close=close, update=adapters.update,
                           delegation=delegated.KubeDelegation(adapters.api),
-                          policy_resources=resources, status_writer=writer)
+                          policy_resources=resources, status_writer=writer,
+                          deletion_costs=adapters.replicas.deletion_costs)
 
 
 class Service:
@@ -147,6 +166,7 @@ class Service:
         self._cert_dir: Path | None = None
         self._audit: audit_log.AuditLog | None = None
         self._stopped = False
+        self.gpu_telemetry: prometheus.GpuTelemetryPoller | None = None
 
     # -- start --------------------------------------------------------------------------
 
@@ -159,11 +179,22 @@ class Service:
         if self.backend is None:
             self.backend = await kubernetes_backend(settings.kube, wall_clock=self.wall_clock,
                                                     identity=self.identity,
-                                                    policy_settings=settings.policies)
+                                                    policy_settings=settings.policies,
+                                                    work=self.pod_work)
         backend = self.backend
         self.leader = backend.leader
+        if backend.deletion_costs is not None:
+            self.state.deletion_costs = backend.deletion_costs.counts.copy
+        if settings.prometheus.dcgm.enabled:
+            # GPU health and SM activity for the reader: faulty GPUs leave pool capacity,
+            # SM activity measures useful GPU-hours (docs/kubernetes.md).
+            self.gpu_telemetry = prometheus.GpuTelemetryPoller(settings.prometheus,
+                                                               clock=self.wall_clock)
+            if isinstance(backend.reader, kube_reader.KubeClusterReader):
+                backend.reader.telemetry = self.gpu_telemetry.latest
         self.reactor = reactor.Reactor(
-            state=self.state, store=self.store, reader=backend.reader,
+            state=self.state, store=self.store,
+            reader=deletion_cost.BusyReader(backend.reader, work=self.pod_work),
             actuator=backend.actuator, wall_clock=self.wall_clock,
             backstop_s=settings.engine.backstop_tick_seconds,
             coalesce_s=settings.engine.coalesce_seconds, audit=self._audit,
@@ -205,6 +236,8 @@ class Service:
                                                         backend.status_writer))
         for each in self.sources:
             start(_task_name(each), each.run(self.store))
+        if self.gpu_telemetry is not None:
+            start("dcgm-telemetry", self.gpu_telemetry.run())
         start("policy-watcher", self.watcher.run())
         start("reactor-backstop", self.reactor.run())
         start("store-expiry", self._expire())
@@ -215,6 +248,23 @@ class Service:
         """Until every source receives what it will (NATS subscribed)."""
         for each in self.sources:
             await each.wait_ready()
+
+    def pod_work(self, policy: model.ScalePolicy) -> dict[str, spare.PodWork]:
+        """Each replica's fresh work (in flight and queued) by its pod name (the `source`
+        of its signal messages), now."""
+        now, stale = self.wall_clock(), policy.spec.stale_after_seconds
+
+        def per_replica(signal: vocabulary.Signal) -> dict[str, float]:
+            values: dict[str, float] = {}
+            for origin, value in self.store.per_source(policy.key, signal, now=now,
+                                                       stale_after_s=stale).items():
+                replica = messages.replica_of(origin)
+                if replica is not None:  # one pod over both NATS and HTTP: counted once
+                    values[replica] = max(value, values.get(replica, 0.0))
+            return values
+
+        return spare.work_by_source(in_flight=per_replica(vocabulary.Signal.IN_FLIGHT),
+                                    queue_depth=per_replica(vocabulary.Signal.QUEUE_DEPTH))
 
     def source(self, name: str) -> source.SignalSource:
         """The running source called `name` ('nats', 'jetstream', 'prometheus', 'http')."""
@@ -282,7 +332,8 @@ class Service:
             await each.update(in_force)
         if self.backend is not None and self.backend.update is not None:
             await self.backend.update(in_force)
-        self.reactor.set_policies({policy.key: policy for policy in in_force})
+        self.reactor.set_policies({policy.key: policy for policy in in_force},
+                                  fleet=policy_set.fleet)
         announce = self.backend.announce if self.backend is not None else None
         for key in policy_set.kept:
             policy = self.state.policy(key)

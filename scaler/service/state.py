@@ -22,8 +22,8 @@ from scaler.service import history as decision_history
 MODEL_LABEL = "model"
 NAMESPACE_LABEL = "namespace"
 TARGET_LABEL = "target"
-TENANT_LABEL = "tenant"
-COST_CENTER_LABEL = "cost-center"
+TENANT_LABEL = model.TENANT_LABEL
+COST_CENTER_LABEL = model.COST_CENTER_LABEL
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,26 +36,40 @@ class Observation:
     at: float
 
 
-def busy_ratio(policy: model.ScalePolicy, obs: Observation) -> float:
-    """Estimated fraction of the ready replicas' capacity in use, 0..1.
+BUSY_DCGM = "dcgm"  # DCGM SM-active ratio of the model's pods' GPUs: measured
+BUSY_REPLICAS = "replicas"  # the replicas' own load over their capacity: estimated
+BUSY_ASSUMED = "assumed"  # neither: counted fully busy
+BUSY_SOURCES = (BUSY_DCGM, BUSY_REPLICAS, BUSY_ASSUMED)
 
-    Without a GPU utilisation feed, the policy's own capacity unit is the measure:
-    in-flight requests over `ready * targetPerReplica` (concurrency), else tokens/s over
+
+def busy_reading(policy: model.ScalePolicy, obs: Observation) -> tuple[float, str]:
+    """Fraction of the ready replicas' GPU time that is useful, 0..1, and its source.
+
+    DCGM first: the SM-active ratio of the model's ready pods' GPUs (the cost formula's
+    own measure, DESIGN 1). Without it, the policy's capacity unit: in-flight requests
+    over `ready * targetPerReplica` (concurrency), else tokens/s over
     `ready * capacityPerReplica`. E.g. 30 in flight on 2 ready replicas with a target of
     48 each: 30 / 96 = 0.31. Unknown (no such signal) counts as 1: it is better to
     under-report idle cost than to invent it.
     """
     ready = obs.cluster.ready
     if ready <= 0:
-        return 0.0
+        return 0.0, BUSY_ASSUMED
+    if obs.cluster.gpu_sm_active is not None:
+        return _unit(obs.cluster.gpu_sm_active), BUSY_DCGM
     signals = policy.spec.signals
     if signals.concurrency is not None and obs.snapshot.in_flight is not None:
         capacity = ready * signals.concurrency.target_per_replica
-        return _unit(obs.snapshot.in_flight.value / capacity)
+        return _unit(obs.snapshot.in_flight.value / capacity), BUSY_REPLICAS
     if signals.tokens_per_second is not None and obs.snapshot.tokens_per_second is not None:
         capacity = ready * signals.tokens_per_second.capacity_per_replica
-        return _unit(obs.snapshot.tokens_per_second.value / capacity)
-    return 1.0
+        return _unit(obs.snapshot.tokens_per_second.value / capacity), BUSY_REPLICAS
+    return 1.0, BUSY_ASSUMED
+
+
+def busy_ratio(policy: model.ScalePolicy, obs: Observation) -> float:
+    """The useful fraction of `busy_reading`, without its source."""
+    return busy_reading(policy, obs)[0]
 
 
 def _unit(ratio: float) -> float:
@@ -266,6 +280,8 @@ class ServiceState:
         self._reloads: collections.Counter[str] = collections.Counter()
         self._leader: bool | None = None
         self._drop_sources: dict[str, DropCounter] = {}
+        self.deletion_costs: DropCounter = dict
+        """Pod deletion-cost patches by outcome (`patched`, `failed`, `list_failed`)."""
         self._health: dict[str, HealthReader] = {}
         self._draining = False
         self._pools: dict[str, PoolStatus] = {}

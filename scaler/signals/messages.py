@@ -139,6 +139,21 @@ DEFAULT_LIMITS: Final = Limits()
 _ANY_ROUTE: Final = Route()
 
 
+
+TRANSPORTS: Final = ("nats", "http")
+"""The transports that carry signal messages, each a prefix of its samples' source."""
+ANONYMOUS: Final = "anonymous"
+"""The source of a message that names none: no replica's own report."""
+
+
+def replica_of(source: str) -> str | None:
+    """The replica a message sample came from: the message's `source`, the pod's name
+    (DESIGN 4.2), behind the transport prefix: 'nats/llama-7d9f-abc12' ->
+    'llama-7d9f-abc12'. None for a message that named no source and for sources that are
+    no replica ('prometheus', 'jetstream/<stream>/<consumer>')."""
+    transport, _, name = source.partition("/")
+    return name if transport in TRANSPORTS and name and name != ANONYMOUS else None
+
 def parse(
     data: bytes,
     *,
@@ -222,7 +237,7 @@ def to_samples(
                     f"(stale after {max_age_s:g} s)")
     # A ts within the skew tolerance but ahead of us counts as now: ages are never negative.
     ts = min(message.ts, now)
-    source = f"{transport}/{message.source or 'anonymous'}"
+    source = f"{transport}/{message.source or ANONYMOUS}"
     out: list[samples.Sample] = []
     for signal in vocabulary.MESSAGE_SIGNALS:
         value: float | None = getattr(message, signal.value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -13,8 +14,8 @@ from prometheus_api_client.prometheus_connect import PrometheusConnect
 from pydantic import Field, SecretStr
 from urllib3.util.retry import Retry
 
+from scaler.core import gpus, vocabulary
 from scaler.core import settings as core_settings
-from scaler.core import vocabulary
 from scaler.core.vocabulary import Signal
 from scaler.policy import model as policy_model
 from scaler.signals import failures, messages, polling, samples
@@ -24,6 +25,25 @@ log = logging.getLogger(__name__)
 RATE_WINDOW: Final = "1m"
 """Default window of rate(): 1 m covers 4 scrapes at the usual 15 s interval (rate needs
 2). Use at least 4 x the scrape interval: 2m for 30 s scrapes."""
+
+
+class DcgmSettings(core_settings.Group):
+    """GPU health and SM activity from dcgm-exporter, through the same Prometheus."""
+
+    enabled: bool = Field(
+        default=False, description="Poll dcgm-exporter's series: GPUs with XID or "
+        "double-bit ECC errors leave pool capacity, and SM activity measures useful "
+        "GPU-hours. Off by default: without dcgm-exporter every query would be empty.")
+    interval_s: float = Field(
+        default=30.0, gt=0, description="Seconds between polls. 30 s: dcgm-exporter "
+        "collects every 30 s by default, so polling faster reads the same values.")
+    health_window: str = Field(
+        default="10m", pattern=r"^[0-9]+[smh]$", description="PromQL range in which an XID "
+        "or a double-bit ECC increase marks a GPU faulty. 10m: 20 dcgm-exporter samples, "
+        "long enough that a fault seen once is not forgotten by the next poll.")
+    max_age_s: float = Field(
+        default=120.0, gt=0, description="A reading older than this is not believed (the "
+        "GPUs count again as the nodes report them). 120 s: four missed 30 s polls.")
 
 
 class PrometheusSettings(core_settings.Group):
@@ -53,6 +73,9 @@ class PrometheusSettings(core_settings.Group):
         description="Queries in flight at once, each on a worker thread. 4: every model "
         "polls every 5 s and a query takes milliseconds, so 4 threads serve hundreds of "
         "models without loading Prometheus with bursts.")
+    dcgm: DcgmSettings = Field(
+        default_factory=DcgmSettings,
+        description="GPU health and SM activity from dcgm-exporter (off by default).")
 
 
 def _escape(value: str) -> str:
@@ -141,6 +164,162 @@ def dcgm_queries(sel: str) -> dict[Signal, str]:
         Signal.GPU_SM_ACTIVE: f"avg(DCGM_FI_PROF_SM_ACTIVE{sel})",
         Signal.GPU_FB_USED_MIB: f"sum(DCGM_FI_DEV_FB_USED{sel})",
     }
+
+
+# dcgm-exporter's labels (its default collectors): `Hostname` names the node (the GPU
+# Operator sets it to the node name), `gpu` the index and `UUID` the device; with the
+# Kubernetes mapping on, `namespace`/`pod`/`container` name the pod using the GPU.
+DCGM_NODE_LABEL: Final = "Hostname"
+DCGM_GPU_LABELS: Final = (DCGM_NODE_LABEL, "gpu", "UUID")
+
+
+@dataclass(frozen=True, slots=True)
+class DcgmTelemetryQueries:
+    """The three queries of one GPU telemetry reading (a pure value).
+
+    xid: the XID gauge's samples over the window (a range vector), so every code seen is
+      known, not only the largest; every GPU exports it (0 without error), so its series
+      also count the GPUs per node.
+    dbe: the double-bit ECC counter's increase over the window, per GPU (`increase`
+      survives the counter's reset at a driver reload).
+    sm_active: mean SM activity of each pod's GPUs, for useful GPU-hours.
+    """
+
+    xid: str
+    dbe: str
+    sm_active: str
+
+
+def dcgm_telemetry_queries(window: str) -> DcgmTelemetryQueries:
+    by_gpu = ", ".join(DCGM_GPU_LABELS)
+    return DcgmTelemetryQueries(
+        xid=f"DCGM_FI_DEV_XID_ERRORS[{window}]",
+        dbe=f"max by ({by_gpu}) (increase(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL[{window}]))",
+        sm_active='avg by (namespace, pod) (DCGM_FI_PROF_SM_ACTIVE{pod!=""})',
+    )
+
+
+def _series(result: object) -> list[tuple[dict[str, str], list[float]]]:
+    """(labels, finite values) of each series of a vector or matrix result."""
+    out: list[tuple[dict[str, str], list[float]]] = []
+    if not isinstance(result, list):
+        return out
+    for item in result:
+        if not isinstance(item, dict):
+            continue
+        labels = {str(k): str(v) for k, v in (item.get("metric") or {}).items()}
+        pairs = item.get("values") or ([item["value"]] if "value" in item else [])
+        values = []
+        for pair in pairs:
+            try:
+                number = float(pair[1])
+            except (TypeError, ValueError, IndexError):
+                continue
+            if math.isfinite(number):
+                values.append(number)
+        out.append((labels, values))
+    return out
+
+
+def gpu_telemetry(*, at: float, xid: object, dbe: object, sm_active: object
+                  ) -> gpus.GpuTelemetry:
+    """Three query results -> one reading (a pure function).
+
+    A GPU is faulty with an XID code other than the application's own (`APPLICATION_XIDS`)
+    in the window, or with double-bit ECC errors added in it. Series without a `Hostname`
+    cannot be placed on a node and are skipped. Example: XID samples 0, 79, 79 on GPU 5 of
+    gpu-3 -> GpuFault(node="gpu-3", gpu="5", xids=(79,)).
+    """
+    found: dict[tuple[str, str], gpus.GpuFault] = {}
+    per_node: dict[str, set[str]] = {}
+    for labels, values in _series(xid):
+        node, index = labels.get(DCGM_NODE_LABEL, ""), labels.get("gpu", "")
+        if not node:
+            continue
+        per_node.setdefault(node, set()).add(labels.get("UUID") or index)
+        codes = tuple(sorted({int(v) for v in values if v > 0} - gpus.APPLICATION_XIDS))
+        if codes:
+            found[(node, index)] = gpus.GpuFault(node=node, gpu=index,
+                                                 uuid=labels.get("UUID", ""), xids=codes)
+    for labels, values in _series(dbe):
+        node, index = labels.get(DCGM_NODE_LABEL, ""), labels.get("gpu", "")
+        added = max(values, default=0.0)
+        if not node or added <= 0:
+            continue
+        before = found.get((node, index)) or gpus.GpuFault(node=node, gpu=index,
+                                                           uuid=labels.get("UUID", ""))
+        found[(node, index)] = dataclasses.replace(before, dbe_errors=added)
+    activity: dict[tuple[str, str], float] = {}
+    for labels, values in _series(sm_active):
+        if values and labels.get("pod"):
+            activity[(labels.get("namespace", ""), labels["pod"])] = min(1.0, max(0.0, values[-1]))
+
+    def order(fault: gpus.GpuFault) -> tuple[str, int, str]:
+        return (fault.node, int(fault.gpu) if fault.gpu.isdigit() else -1, fault.gpu)
+
+    return gpus.GpuTelemetry(
+        at=at, faults=tuple(sorted(found.values(), key=order)),
+        gpus_per_node={node: len(ids) for node, ids in sorted(per_node.items())},
+        sm_active=activity)
+
+
+class GpuTelemetryPoller:
+    """Reads GPU health and SM activity every `dcgm.interval_s`; `latest()` is the newest
+    reading younger than `dcgm.max_age_s`, None otherwise (never read, or Prometheus down).
+
+    A failed poll keeps the previous reading until it is too old: a Prometheus restart does
+    not put faulty GPUs back into the pool, an outage longer than max_age_s does, as the
+    nodes' own allocatable is then the only evidence left.
+    """
+
+    def __init__(self, settings: PrometheusSettings, *,
+                 clock: samples.Clock = samples.wall_clock) -> None:
+        self.settings = settings
+        self.queries = dcgm_telemetry_queries(settings.dcgm.health_window)
+        self.stats = samples.SourceStats()
+        self._clock = clock
+        self._reading: gpus.GpuTelemetry | None = None
+        self._client: PrometheusConnect | None = None
+        self._failures = failures.PollFailures(self.stats, what="DCGM queries", logger=log)
+
+    def latest(self) -> gpus.GpuTelemetry | None:
+        reading = self._reading
+        if reading is None or self._clock() - reading.at > self.settings.dcgm.max_age_s:
+            return None
+        return reading
+
+    async def poll(self) -> gpus.GpuTelemetry | None:
+        """One reading (kept for `latest`), or None when a query failed (counted, logged)."""
+        if self._client is None:
+            self._client = PrometheusSource._make_client(self.settings)
+        client = self._client
+        at = self._clock()
+        queries = (self.queries.xid, self.queries.dbe, self.queries.sm_active)
+        try:
+            xid, dbe, sm_active = await asyncio.gather(
+                *(asyncio.to_thread(client.custom_query, q) for q in queries))
+        except Exception as error:  # HTTP errors, timeouts, refused connections, bad JSON
+            self.stats.error(type(error).__name__)
+            self._failures.failed("dcgm", error, now=at, detail="GPU telemetry")
+            return None
+        self._failures.succeeded("dcgm")
+        self.stats.accepted += 1
+        self._reading = gpu_telemetry(at=at, xid=xid, dbe=dbe, sm_active=sm_active)
+        return self._reading
+
+    def close(self) -> None:
+        """Release the HTTP connections; a later poll opens new ones."""
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    async def run(self) -> None:
+        try:
+            while True:
+                await self.poll()
+                await asyncio.sleep(self.settings.dcgm.interval_s)
+        finally:
+            self.close()
 
 
 @dataclass(frozen=True, slots=True)

@@ -203,6 +203,20 @@ class SignalStore:
         return combine(signal, [s for s in latest.values() if s.ts >= newest - stale_after_s],
                        now=now, stale_after_s=stale_after_s, quantile=quantile)
 
+    def per_source(self, model: str, signal: vocabulary.Signal, *, now: float,
+                   stale_after_s: float) -> dict[str, float]:
+        """Each source's own value of one signal, fresh at `now` (within `stale_after_s`).
+
+        What `value` combines, before combining: with DESIGN 4.2's `source` the replica's
+        pod name, this is each replica's queue or in-flight count (the work a scale-down
+        would cut). Stale sources are left out: their work is not known.
+        """
+        latest = self._models.get(model, {}).get((signal, None))
+        if latest is None:
+            return {}
+        return {source: s.value for source, s in latest.items()
+                if s.value is not None and 0 <= now - s.ts <= stale_after_s}
+
     def snapshot(
         self,
         model: str,

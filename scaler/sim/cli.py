@@ -11,7 +11,7 @@ from typing import Any
 
 from scaler.policy import loader
 from scaler.policy import model as policy_model
-from scaler.sim import from_prometheus, profiles, report, run, strategies, traces
+from scaler.sim import fleet, from_prometheus, profiles, report, run, strategies, traces
 
 
 def register(subparsers: argparse._SubParsersAction[Any]) -> None:
@@ -24,11 +24,22 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", type=Path, help="trace file (or ServeGen folder)")
+    source.add_argument("--fleet", type=Path, metavar="FLEET.yaml",
+                        help="replay several models on shared GPU pools and budgets (DESIGN "
+                        "4.6; see docs/simulation.md, e.g. loadtests/fleet/fleet.yaml)")
     source.add_argument("--from-prometheus", metavar="URL",
-                        help="rebuild the trace from a vLLM deployment's Prometheus history "
-                        "(needs --model, --start and --end; see docs/simulation.md)")
+                        help="rebuild the trace from a vLLM, SGLang or TGI deployment's "
+                        "Prometheus history (needs --model, --start and --end; see "
+                        "docs/simulation.md)")
     parser.add_argument("--model", metavar="NAME",
-                        help="with --from-prometheus: the model_name label of the vLLM series")
+                        help="with --from-prometheus: the value of the series' model label")
+    parser.add_argument("--preset", choices=tuple(from_prometheus.PRESETS),
+                        default=from_prometheus.DEFAULT_PRESET,
+                        help="with --from-prometheus: the server's metric names (default "
+                        "%(default)s)")
+    parser.add_argument("--model-label", default=from_prometheus.MODEL_LABEL, metavar="LABEL",
+                        help="with --from-prometheus: the label --model matches (default "
+                        "%(default)s; TGI has none: use one the scrape adds, e.g. job)")
     parser.add_argument("--end", metavar="TIME",
                         help="with --from-prometheus: end of the history, epoch seconds or "
                         "RFC 3339 (e.g. 2026-12-01T11:00:00Z)")
@@ -40,8 +51,9 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
     parser.add_argument("--rate-scale", type=float, default=1.0,
                         help="multiply the request rate: superposed time-shifted copies "
                         "above 1, thinning below 1 (default 1)")
-    parser.add_argument("--policy", required=True, type=Path,
-                        help="ScalePolicy YAML (spec.profile names the replica profile)")
+    parser.add_argument("--policy", type=Path,
+                        help="ScalePolicy YAML (spec.profile names the replica profile); "
+                        "required but with --fleet, whose file names each model's")
     parser.add_argument("--strategies", default=",".join(strategies.STRATEGIES),
                         help=f"comma-separated, from {','.join(strategies.NAMES)} "
                         f"(default {','.join(strategies.STRATEGIES)})")
@@ -86,12 +98,18 @@ def _load_trace(args: argparse.Namespace, lengths: traces.LengthChoice) -> trace
     start = from_prometheus.parse_time(args.start, flag="--start")
     end = from_prometheus.parse_time(args.end, flag="--end")
     trace = from_prometheus.load(args.from_prometheus, args.model, start_s=start, end_s=end,
-                                 step_s=args.step, seed=args.seed)
+                                 step_s=args.step, seed=args.seed, preset=args.preset,
+                                 model_label=args.model_label)
     trace = traces.cut(trace, start_s=None, duration_s=args.duration)
     return traces.scale_rate(trace, args.rate_scale, seed=args.seed)
 
 
 def simulate_command(args: argparse.Namespace) -> int:
+    if args.fleet is not None:
+        return fleet_command(args)
+    if args.policy is None:
+        print("scaler simulate: --policy is required (but with --fleet)", file=sys.stderr)
+        return 2
     names = [n.strip() for n in str(args.strategies).split(",") if n.strip()]
     unknown = [n for n in names if n not in strategies.REGISTRY]
     if unknown or not names:
@@ -155,4 +173,40 @@ def simulate_command(args: argparse.Namespace) -> int:
         report.write_json(result, args.json)
     if args.report:
         report.write_html(result, args.report)
+    return 0
+
+
+def fleet_command(args: argparse.Namespace) -> int:
+    """`scaler simulate --fleet FLEET.yaml`: every model on its shared pool, per strategy."""
+    default = ",".join(strategies.STRATEGIES)
+    chosen = (fleet.FLEET_STRATEGIES if args.strategies == default
+              else tuple(n.strip() for n in str(args.strategies).split(",") if n.strip()))
+    other = [n for n in chosen if n not in fleet.FLEET_STRATEGIES]
+    if other or not chosen:
+        print(f"scaler simulate: --fleet runs {', '.join(fleet.FLEET_STRATEGIES)} (the oracle "
+              f"and static-peak plan one model alone), not {other}", file=sys.stderr)
+        return 2
+    ignored = [flag for flag, value in (("--policy", args.policy), ("--start", args.start),
+                                        ("--duration", args.duration)) if value is not None]
+    if ignored or args.rate_scale != 1.0:
+        print(f"scaler simulate: with --fleet, {', '.join(ignored) or '--rate-scale'} go in "
+              "the fleet file (per model)", file=sys.stderr)
+        return 2
+    try:
+        loaded = fleet.load_fleet(args.fleet, seed=args.seed)
+    except fleet.FleetError as exc:
+        print(f"scaler simulate: {exc}", file=sys.stderr)
+        return 2
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
+    bar = report.ProgressBar(chosen).start()
+    try:
+        result = fleet.simulate_fleet(loaded, names=chosen, seed=args.seed, progress=bar)
+    finally:
+        bar.close()
+    print(report.fleet_text(result))
+    if args.json:
+        report.write_fleet_json(result, args.json)
+    if args.report:
+        report.write_fleet_html(result, args.report)
     return 0

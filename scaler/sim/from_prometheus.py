@@ -1,4 +1,4 @@
-"""Rebuild an arrival trace from a vLLM deployment's Prometheus history (--from-prometheus)."""
+"""Rebuild an arrival trace from a vLLM, SGLang or TGI deployment's Prometheus history."""
 
 from __future__ import annotations
 
@@ -13,14 +13,52 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scaler.signals import prometheus as prometheus_signals
 from scaler.sim import traces
 
-# vLLM's metric names (docs.vllm.ai "Production Metrics"); every series carries `model_name`.
-REQUESTS = "vllm:request_success_total"
-PROMPT_TOKENS = "vllm:prompt_tokens_total"
-GENERATION_TOKENS = "vllm:generation_tokens_total"
-PROMPT_HISTOGRAM = "vllm:request_prompt_tokens"
-GENERATION_HISTOGRAM = "vllm:request_generation_tokens"
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    """One server's metric names for a history: a counter of finished requests, the
+    per-request token histograms (bucket bounds are read from the data), and counters of
+    tokens, the fallback when there are no buckets."""
+
+    name: str
+    requests: str
+    prompt_histogram: str
+    generation_histogram: str
+    prompt_tokens: str
+    generation_tokens: str
+
+
+PRESETS: dict[str, Preset] = {preset.name: preset for preset in (
+    # docs.vllm.ai "Production Metrics". Its token counters count tokens as they are
+    # processed, not when the request finishes (hence only the fallback).
+    Preset("vllm", requests="vllm:request_success_total",
+           prompt_histogram="vllm:request_prompt_tokens",
+           generation_histogram="vllm:request_generation_tokens",
+           prompt_tokens="vllm:prompt_tokens_total",
+           generation_tokens="vllm:generation_tokens_total"),
+    # SGLang's TokenizerMetricsCollector (python/sglang/srt/metrics/collector.py, label
+    # model_name): num_requests_total and both token counters grow when a request
+    # finishes; the token histograms exist only with --collect-tokens-histogram.
+    Preset("sglang", requests="sglang:num_requests_total",
+           prompt_histogram="sglang:prompt_tokens_histogram",
+           generation_histogram="sglang:generation_tokens_histogram",
+           prompt_tokens="sglang:prompt_tokens_total",
+           generation_tokens="sglang:generation_tokens_total"),
+    # TGI's router (docs/source/reference/metrics.md; metrics-rs names counters without
+    # `_total`): tgi_request_success counts successes (tgi_request_count counts every
+    # request received); it has no token counters, so the histograms' _sum stand in.
+    # Its series carry no model label: select with one the scrape adds (--model-label).
+    Preset("tgi", requests="tgi_request_success",
+           prompt_histogram="tgi_request_input_length",
+           generation_histogram="tgi_request_generated_tokens",
+           prompt_tokens="tgi_request_input_length_sum",
+           generation_tokens="tgi_request_generated_tokens_sum"),
+)}
+DEFAULT_PRESET = "vllm"
+# The label that names the model, as a policy's `sources.prometheus.modelLabel` defaults.
 MODEL_LABEL = "model_name"
 
 DEFAULT_STEP_S = 15.0
@@ -52,11 +90,6 @@ def parse_time(value: str, *, flag: str) -> float:
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=dt.UTC)
     return parsed.timestamp()
-
-
-def _selector(model: str) -> str:
-    escaped = model.replace("\\", "\\\\").replace('"', '\\"')
-    return f'{{{MODEL_LABEL}="{escaped}"}}'
 
 
 def query_range(url: str, promql: str, *, start_s: float, end_s: float,
@@ -199,8 +232,10 @@ def draw_lengths(n: int, *, histogram: Histogram | None, interval: int, mean: fl
 
 
 def load(url: str, model: str, *, start_s: float, end_s: float, step_s: float = DEFAULT_STEP_S,
-         seed: int = 0) -> traces.Trace:
-    """The trace of `model`'s requests between start_s and end_s (epoch seconds).
+         seed: int = 0, preset: str = DEFAULT_PRESET, model_label: str = MODEL_LABEL
+         ) -> traces.Trace:
+    """The trace of `model`'s requests between start_s and end_s (epoch seconds), from
+    the metric names of `preset` (PRESETS), the series whose `model_label` is `model`.
 
     Per step interval (steps[i-1], steps[i]]: count = increase of the finished-request
     counter (rounded); arrivals uniform within the interval (Prometheus only knows how
@@ -216,14 +251,20 @@ def load(url: str, model: str, *, start_s: float, end_s: float, step_s: float = 
         raise PrometheusHistoryError(
             f"{points} steps of {step_s:g} s exceed Prometheus's {MAX_POINTS} points per "
             f"query: use --step {math.ceil((end_s - start_s) / (MAX_POINTS - 1))} or more")
+    names = PRESETS.get(preset)
+    if names is None:
+        raise PrometheusHistoryError(f"--preset {preset!r}: choose from {', '.join(PRESETS)}")
     steps = start_s + step_s * np.arange(points, dtype=np.float64)
-    sel = _selector(model)
-    requests = np.rint(_counter(url, REQUESTS, sel, steps, step_s)).astype(np.int64)
+    sel = prometheus_signals.selector({model_label: model})
+    requests = np.rint(_counter(url, names.requests, sel, steps, step_s)).astype(np.int64)
     if requests.sum() == 0:
+        hint = (" (TGI's series have no model label: pass --model-label with one your "
+                "scrape adds, e.g. job or service)" if preset == "tgi" else "")
         raise PrometheusHistoryError(
-            f"{url}: no increase of {REQUESTS}{sel} between {start_s:.0f} and {end_s:.0f} "
-            "(check --model against the model_name label and the time range)")
-    lengths = _lengths_per_interval(url, sel, steps, step_s, requests=requests)
+            f"{url}: no increase of {names.requests}{sel} between {start_s:.0f} and "
+            f"{end_s:.0f} (check --preset, --model against the {model_label} label, and "
+            f"the time range){hint}")
+    lengths = _lengths_per_interval(url, sel, steps, step_s, requests=requests, names=names)
     rng = np.random.default_rng(seed)
     arrivals: list[np.ndarray] = []
     inputs: list[np.ndarray] = []
@@ -236,23 +277,25 @@ def load(url: str, model: str, *, start_s: float, end_s: float, step_s: float = 
                                     mean=float(means[index]), rng=rng))
     source = ("lengths from the token histograms' buckets" if lengths[0][0] is not None
               else "lengths: mean tokens per request from the token counters")
-    return traces.Trace(f"{url} model {model}", np.concatenate(arrivals),
+    return traces.Trace(f"{url} {preset} model {model}", np.concatenate(arrivals),
                         np.concatenate(inputs), np.concatenate(outputs), start_s=start_s,
                         length_source=f"rebuilt from Prometheus at {step_s:g} s steps; {source}")
 
 
 def _lengths_per_interval(
     url: str, sel: str, steps: np.ndarray, step_s: float, *, requests: np.ndarray,
+    names: Preset,
 ) -> tuple[tuple[Histogram | None, np.ndarray], tuple[Histogram | None, np.ndarray]]:
     """(histogram or None, mean tokens per request per interval) for prompts and outputs.
 
-    The means come from the token counters, which count tokens when processed rather than
-    when the request finished, so they are the fallback only when there are no buckets.
+    The means come from the token counters, which (vLLM's) count tokens when processed
+    rather than when the request finished, so they are the fallback only when there
+    are no buckets.
     """
     result: list[tuple[Histogram | None, np.ndarray]] = []
-    names: Mapping[str, str] = {PROMPT_HISTOGRAM: PROMPT_TOKENS,
-                                GENERATION_HISTOGRAM: GENERATION_TOKENS}
-    for histogram_name, counter_name in names.items():
+    pairs: Mapping[str, str] = {names.prompt_histogram: names.prompt_tokens,
+                                names.generation_histogram: names.generation_tokens}
+    for histogram_name, counter_name in pairs.items():
         histogram = _histogram(url, histogram_name, sel, steps, step_s)
         means = np.zeros(steps.size)
         if histogram is None:

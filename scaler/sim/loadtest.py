@@ -351,13 +351,19 @@ class Progress:
 
 @dataclass
 class LiveRun:
-    """A finished (or interrupted) load test: its records and how it ended."""
+    """A finished (or interrupted) load test: its records and how it ended.
+
+    origin: the event-loop time of the trace's t=0 (a request at trace time t was due at
+    origin + t), to put readings taken on the same loop (a replica timeline) on the
+    run's clock.
+    """
 
     records: Records
     target: Target
     wall_s: float
     interrupted: bool
     errors: dict[str, int]
+    origin: float = 0.0
 
 
 async def _send(session: aiohttp.ClientSession, *, target: Target, request: Request,
@@ -477,7 +483,7 @@ async def run(requests: Iterable[Request], target: Target, *,
         if code > 0:
             errors[ERROR_KINDS[code - 1]] += 1
     return LiveRun(records=records, target=target, wall_s=loop.time() - t0,
-                   interrupted=interrupted, errors=errors)
+                   interrupted=interrupted, errors=errors, origin=t0)
 
 
 async def _tick(progress: Progress, on_tick: Callable[[Progress], None]) -> None:
@@ -504,11 +510,12 @@ def _latency(records: Records, metric: str) -> FloatArray:
 
 
 def summary(live: LiveRun, *, metric: str, threshold_s: float) -> dict[str, float | int]:
-    """The keys of `scaler simulate`'s per-strategy summary that apply to a live run.
+    """The keys of `scaler simulate`'s per-strategy summary that a live run measures.
 
-    Left out: feasibility (no profile of the live server), GPU-hours and cost (no
-    replica timeline), scale events. `rejected` counts HTTP 4xx answers (what a server
-    does with a request beyond its context limit, which the simulator rejects).
+    Left out: feasibility (no model of the live server) and what a replica timeline
+    gives (`live_replicas.summary`: GPU-hours, cost, scale events). `rejected` counts
+    HTTP 4xx answers (what a server does with a request beyond its context limit, which
+    the simulator rejects).
     """
     records = live.records
     values = _latency(records, metric)
@@ -542,13 +549,40 @@ def lag_p99_ms(records: Records) -> float:
     return float(np.percentile(lags, LAG_QUANTILE)) * 1e3 if lags.size else 0.0
 
 
-def details(live: LiveRun, *, max_lag_ms: float) -> dict[str, Any]:
-    """What only a live run has: TTFT/ITL/e2e quantiles, the client's own schedule lag
-    and whether it was small enough for the run to count, errors by kind."""
+def client_health(live: LiveRun, *, max_lag_ms: float) -> dict[str, Any]:
+    """The live strategy's own keys (DESIGN 4.5): the client's schedule lag (ms), whether
+    its p99 was within `max_lag_ms` for the run to count as a measurement of the server,
+    and errors by kind (every kind, zeros included)."""
+    lags = np.asarray(live.records.lag_s, dtype=np.float64)
+    p99_lag = lag_p99_ms(live.records)
+    return {
+        "schedule_lag_ms": {
+            # A request that left early (negative lag: the loop woke a hair before its
+            # time) is on time.
+            "p50": round(max(float(np.percentile(lags, 50)) * 1e3, 0.0), 3) if lags.size
+            else 0.0,
+            "p99": round(max(p99_lag, 0.0), 3),
+            "max": round(max(float(lags.max()) * 1e3, 0.0), 3) if lags.size else 0.0,
+            "threshold_p99": max_lag_ms,
+        },
+        "valid": p99_lag <= max_lag_ms,
+        "errors": dict(live.errors),
+    }
+
+
+def served_tokens(records: Records) -> tuple[float, float]:
+    """(prompt tokens prefilled, tokens generated): the prompts of requests that got a
+    first token, and every token received."""
+    first = np.isfinite(np.asarray(records.ttft_s, dtype=np.float64))
+    prompts = np.asarray(records.input_tokens, dtype=np.float64)
+    return float(prompts[first].sum()), float(records.tokens_received)
+
+
+def details(live: LiveRun) -> dict[str, Any]:
+    """What only a live run has: TTFT/ITL/e2e quantiles, the gaps between tokens, how
+    the run ended."""
     records = live.records
     done = np.asarray(records.outcome, dtype=np.int64) == _DONE
-    lags = np.asarray(records.lag_s, dtype=np.float64)
-    p99_lag = lag_p99_ms(records)
 
     def trio(values: array.array[float]) -> dict[str, float]:
         p50, p95, p99 = _quantiles(np.asarray(values, dtype=np.float64)[done])
@@ -559,15 +593,8 @@ def details(live: LiveRun, *, max_lag_ms: float) -> dict[str, Any]:
         "url": live.target.url,
         "model": live.target.model,
         "api": live.target.api,
-        "valid": p99_lag <= max_lag_ms,
         "interrupted": live.interrupted,
         "wall_s": round(live.wall_s, 3),
-        "schedule_lag_ms": {
-            "p50": round(float(np.percentile(lags, 50)) * 1e3, 3) if lags.size else 0.0,
-            "p99": round(p99_lag, 3),
-            "max": round(float(lags.max()) * 1e3, 3) if lags.size else 0.0,
-            "threshold_p99": max_lag_ms,
-        },
         "ttft_s": trio(records.ttft_s),
         "e2e_s": trio(records.e2e_s),
         "itl_s": trio(records.itl_s),
@@ -575,7 +602,6 @@ def details(live: LiveRun, *, max_lag_ms: float) -> dict[str, Any]:
         "itl_gaps_s": {"p50": round(gaps.quantile(0.5), 5), "p95": round(gaps.quantile(0.95), 5),
                        "p99": round(gaps.quantile(0.99), 5), "count": gaps.total},
         "tokens_received": records.tokens_received,
-        "errors": dict(live.errors),
         "prompt_note": f"synthetic English prompts of about {CHARS_PER_TOKEN} characters "
                        "per token of the trace's input length (no tokenizer loaded)",
     }

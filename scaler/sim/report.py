@@ -16,8 +16,9 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from scaler.core import vocabulary
 from scaler.policy import model as policy_model
-from scaler.sim import profiles, run, traces
+from scaler.sim import fleet, profiles, run, traces
 from scaler.sim.strategies import oracle
 
 # (JSON key, column title, format) for the table on stdout and in the HTML report. Keys a
@@ -76,6 +77,26 @@ STRATEGY_SCHEMA: dict[str, Any] = {
         "max_replicas": _COUNT,
     },
 }
+# `scaler loadtest`'s one strategy, `live` (DESIGN 4.5): the keys above that a live run
+# measures (the cost keys only with a replica timeline; no feasibility without a model of
+# the server), plus the client's schedule lag, whether it was small enough for the run
+# to count, and errors by kind.
+_MS = {"type": "number", "minimum": 0}
+LIVE_SCHEMA: dict[str, Any] = {
+    **STRATEGY_SCHEMA,
+    "required": ["requests", "completed", "rejected", "unfinished", "slo_attainment",
+                 "p95_windows_met", "p50_latency_s", "p95_latency_s", "p99_latency_s",
+                 "schedule_lag_ms", "valid", "errors"],
+    "properties": {
+        **STRATEGY_SCHEMA["properties"],
+        "schedule_lag_ms": {
+            "type": "object", "required": ["p50", "p99", "max", "threshold_p99"],
+            "additionalProperties": False,
+            "properties": {"p50": _MS, "p99": _MS, "max": _MS, "threshold_p99": _MS}},
+        "valid": {"type": "boolean"},
+        "errors": {"type": "object", "additionalProperties": _COUNT},
+    },
+}
 SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "scaler simulate output",
@@ -94,7 +115,8 @@ SCHEMA: dict[str, Any] = {
                 "rate_scale": {"type": "number", "exclusiveMinimum": 0},
             },
         },
-        "policy": {"type": "string"},
+        # null: a load test run without --policy (its SLO and costs from flags).
+        "policy": {"type": ["string", "null"]},
         "slo": {
             "type": "object",
             "required": ["metric", "threshold_s"],
@@ -107,12 +129,79 @@ SCHEMA: dict[str, Any] = {
         "strategies": {
             "type": "object",
             "propertyNames": {"enum": ["scaler", "hpa", "keda", "kpa", "oracle",
-                                       "oracle-rate", "static-peak"]},
+                                       "oracle-rate", "static-peak", "live"]},
+            "properties": {"live": LIVE_SCHEMA},
             "additionalProperties": STRATEGY_SCHEMA,
         },
+        # What only a load test has: latency quantiles, the series it plots, the source
+        # of its replica timeline (scaler.sim.loadtest_cli.document).
+        "loadtest": {"type": "object"},
     },
 }
 
+# Fleet replay (DESIGN 4.6): per model the document above, per strategy a `fleet` object.
+_COST_GROUP: dict[str, Any] = {
+    "type": "object",
+    "required": ["models", "requests", "completed", "gpu_hours", "cost", "idle_cost",
+                 "cost_per_1k_requests"],
+    "additionalProperties": False,
+    "properties": {"models": _COUNT, "requests": _COUNT, "completed": _COUNT,
+                   "gpu_hours": _AMOUNT, "cost": _AMOUNT, "idle_cost": _AMOUNT,
+                   "cost_per_1k_requests": _AMOUNT},
+}
+_TIER_SLO: dict[str, Any] = {
+    "type": "object",
+    "required": ["models", "slo_attainment", "p95_windows_met", "feasible_windows",
+                 "unfinished"],
+    "additionalProperties": False,
+    "properties": {"models": _COUNT, "slo_attainment": _FRACTION,
+                   "p95_windows_met": _FRACTION, "feasible_windows": _COUNT,
+                   "unfinished": _COUNT},
+}
+FLEET_OBJECT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": [*_COST_GROUP["required"], "by_tenant", "by_cost_center", "peak_gpus",
+                 "budget_violations", "violations_by", "by_tier"],
+    "additionalProperties": False,
+    "properties": {
+        **_COST_GROUP["properties"],
+        "by_tenant": {"type": "object", "additionalProperties": _COST_GROUP},
+        "by_cost_center": {"type": "object", "additionalProperties": _COST_GROUP},
+        "peak_gpus": {"type": "object", "additionalProperties": _COUNT},
+        # Cycles (1 s) in which some budget's maxGpus or some pool's unreserved GPUs were
+        # exceeded, and per limit ("budget NAME", "reservation POOL/NAME") its cycles.
+        "budget_violations": _COUNT,
+        "violations_by": {"type": "object", "additionalProperties": _COUNT},
+        "by_tier": {"type": "object", "propertyNames": {"enum": ["online", "batch", "dev"]},
+                    "additionalProperties": _TIER_SLO},
+    },
+}
+FLEET_SCHEMA: dict[str, Any] = {
+    "$schema": SCHEMA["$schema"],
+    "title": "scaler simulate --fleet output",
+    "type": "object",
+    "required": ["fleet", "seed", "pools", "models", "strategies"],
+    "additionalProperties": False,
+    "properties": {
+        "fleet": {"type": "string"},
+        "seed": {"type": "integer"},
+        "pools": {"type": "object", "additionalProperties": {
+            "type": "object", "required": ["gpus", "reserved_gpus", "gpus_per_node",
+                                           "gpu_hourly"],
+            "additionalProperties": False,
+            "properties": {"gpus": _COUNT, "reserved_gpus": _COUNT, "gpus_per_node": _COUNT,
+                           "gpu_hourly": _AMOUNT}}},
+        "models": {"type": "object", "additionalProperties": {
+            k: v for k, v in SCHEMA.items() if k not in ("$schema", "title")}},
+        "strategies": {
+            "type": "object",
+            "propertyNames": {"enum": list(fleet.FLEET_STRATEGIES)},
+            "additionalProperties": {
+                "type": "object", "required": ["fleet"], "additionalProperties": False,
+                "properties": {"fleet": FLEET_OBJECT_SCHEMA}},
+        },
+    },
+}
 
 def present_columns(summaries: Sequence[Mapping[str, float | int]]
                     ) -> list[tuple[str, str, str]]:
@@ -127,20 +216,25 @@ def _cell(summary: Mapping[str, float | int], key: str, fmt: str) -> str:
     return fmt.format(int(value) if fmt.endswith("d}") else float(value))
 
 
+def _fixed_width(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns padded to their widest cell: the first left-aligned, the rest right."""
+    widths = [max(len(c) for c in column) for column in zip(headers, *rows, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if i else c.ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+
+    return "\n".join([line(headers), "  ".join("-" * w for w in widths),
+                      *(line(row) for row in rows)])
+
+
 def table(result: run.SimulationResult) -> str:
     """A fixed-width comparison table, one row per strategy."""
     columns = present_columns([r.summary for r in result.results.values()])
     headers = ["strategy", *(title for _, title, _ in columns)]
     rows = [[name, *(_cell(outcome.summary, key, fmt) for key, _, fmt in columns)]
             for name, outcome in result.results.items()]
-    widths = [max(len(str(c)) for c in column) for column in zip(headers, *rows, strict=True)]
-    lines = ["  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in
-                       enumerate(zip(headers, widths, strict=True)))]
-    lines.append("  ".join("-" * w for w in widths))
-    for row in rows:
-        lines.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
-                               enumerate(zip(row, widths, strict=True))))
-    return "\n".join(lines)
+    return _fixed_width(headers, rows)
 
 
 def write_json(result: run.SimulationResult, path: Path) -> None:
@@ -304,6 +398,13 @@ def _figure_png(result: run.SimulationResult) -> str:
     fig.legend(handles=handles, loc="upper center", ncol=5, fontsize=8, frameon=False,
                bbox_to_anchor=(0.5, 1.0))
     fig.tight_layout(rect=(0, 0, 0.97, 1 - 0.5 / (1.9 * rows + 2.6)))
+    return _png_base64(fig)
+
+
+def _png_base64(fig: Any) -> str:
+    """A matplotlib figure as a base64 PNG (90 dpi), closed after."""
+    from matplotlib import pyplot as plt
+
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90)
     plt.close(fig)
@@ -364,6 +465,152 @@ replica misses the SLO), which count against no strategy. All rows share their a
 
 def write_html(result: run.SimulationResult, path: Path, *, title: str | None = None) -> None:
     path.write_text(render_html(result, title=title))
+
+
+# ----- fleet replay (DESIGN 4.6) -----------------------------------------------------------
+
+# (key of the `fleet` object, column title, format) of the fleet table.
+FLEET_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("gpu_hours", "GPU-h", "{:.2f}"),
+    ("cost", "cost", "{:.2f}"),
+    ("idle_cost", "idle cost", "{:.2f}"),
+    ("cost_per_1k_requests", "cost/1k req", "{:.3f}"),
+    ("budget_violations", "budget viol.", "{:d}"),
+)
+TIER_COLOURS = {"online": READY, "batch": STARTING, "dev": NODES}
+
+
+def _fleet_rows(result: fleet.FleetResult) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of the fleet table: per strategy the totals, peak GPUs per pool,
+    violations, and per tier the feasible windows met and the SLO attainment."""
+    tiers = [t.value for t in vocabulary.Tier
+             if any(m.tier is t for m in result.fleet.members)]
+    pools = sorted(result.fleet.pools)
+    headers = ["strategy", *(title for _, title, _ in FLEET_COLUMNS),
+               *(f"peak GPUs {p}" for p in pools),
+               *(f"{t} win met" for t in tiers), *(f"{t} SLO att." for t in tiers)]
+    rows = []
+    for name, outcome in result.results.items():
+        summary = outcome.fleet
+        by_tier = summary["by_tier"]
+        rows.append([name, *(_cell(summary, key, fmt) for key, _, fmt in FLEET_COLUMNS),
+                     *(str(summary["peak_gpus"][p]) for p in pools),
+                     *(f"{by_tier[t]['p95_windows_met']:.3f}" for t in tiers),
+                     *(f"{by_tier[t]['slo_attainment']:.3f}" for t in tiers)])
+    return headers, rows
+
+
+def fleet_text(result: fleet.FleetResult) -> str:
+    """Per model its comparison table, then the fleet's."""
+    parts = []
+    for member in result.fleet.members:
+        parts.append(f"{member.key} ({member.tier}, pool {member.pool}, tenant "
+                     f"{member.policy.tenant or fleet.UNLABELLED}): {member.trace.requests} "
+                     f"requests over {member.trace.duration_s:.0f} s; SLO p95 "
+                     f"{member.metric} <= {member.threshold_s:g} s")
+        parts.append(table(result.model_result(member)))
+        parts.append("")
+    pools = ", ".join(f"{name} {pool.spec.total_gpus} GPUs ({pool.spec.reserved_gpus} "
+                      "reserved)" for name, pool in sorted(result.fleet.pools.items()))
+    parts.append(f"fleet {result.fleet.path}: pools {pools}")
+    parts.append(_fixed_width(*_fleet_rows(result)))
+    return "\n".join(parts)
+
+
+def write_fleet_json(result: fleet.FleetResult, path: Path) -> None:
+    path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+
+
+def _fleet_figure_png(result: fleet.FleetResult) -> str:
+    """Per strategy and pool, the GPUs held stacked by tier over time, against the pool's
+    size and its unreserved part; every panel on the same axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    pools = sorted(result.fleet.pools)
+    rows = max(1, len(result.results))
+    fig, axes = plt.subplots(rows, len(pools), figsize=(12, 2.2 * rows + 0.8), sharex=True,
+                             squeeze=False)
+    top = max(pool.spec.total_gpus for pool in result.fleet.pools.values())
+    tiers = [t.value for t in vocabulary.Tier]
+    for row, (name, outcome) in enumerate(result.results.items()):
+        for col, pool_name in enumerate(pools):
+            axis = axes[row][col]
+            series = outcome.pool_series.get(pool_name, {})
+            minutes = [t / 60.0 for t in series.get("t", [])]
+            if minutes:
+                axis.stackplot(minutes, *(series[t] for t in tiers),
+                               colors=[TIER_COLOURS[t] for t in tiers], alpha=0.75,
+                               step="post", lw=0)
+            spec = result.fleet.pools[pool_name].spec
+            axis.axhline(spec.total_gpus, color=DESIRED, lw=1.2)
+            if spec.reserved_gpus:
+                axis.axhline(spec.shareable_gpus, color=MISS, ls="--", lw=1.0)
+            _count_axis(axis, top)
+            summary = outcome.fleet
+            axis.set_title(f"{name}, pool {pool_name}: {summary['gpu_hours']:.2f} GPU-h, "
+                           f"peak {summary['peak_gpus'][pool_name]} GPUs, "
+                           f"{summary['budget_violations']} cycles over a limit",
+                           fontsize=10, loc="left")
+            axis.set_ylabel("GPUs")
+            axis.grid(alpha=0.3)
+            axis.margins(x=0)
+    for axis in axes[-1]:
+        axis.set_xlabel("minutes")
+    handles = [*(Patch(color=TIER_COLOURS[t], alpha=0.75, label=f"{t} tier") for t in tiers),
+               Line2D([], [], color=DESIRED, lw=1.2, label="pool size"),
+               Line2D([], [], color=MISS, ls="--", lw=1.0,
+                      label="unreserved (above: held for training)")]
+    fig.legend(handles=handles, loc="upper center", ncol=5, fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, 1.0))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.4 / (2.2 * rows + 0.8)))
+    return _png_base64(fig)
+
+
+def render_fleet_html(result: fleet.FleetResult) -> str:
+    """The fleet report page: the fleet table, the pools' GPUs by tier over time, and
+    each model's table."""
+    headers, rows = _fleet_rows(result)
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr><th>" + html.escape(row[0]) + "</th>"
+                   + "".join(f"<td>{html.escape(c)}</td>" for c in row[1:]) + "</tr>"
+                   for row in rows)
+    models = "".join(
+        f"<h3>{html.escape(m.key)} ({html.escape(m.tier.value)}, tenant "
+        f"{html.escape(m.policy.tenant or fleet.UNLABELLED)})</h3>"
+        f"<p>Trace <code>{html.escape(m.trace.path)}</code>: {m.trace.requests} requests "
+        f"over {m.trace.duration_s:.0f} s; SLO p95 {html.escape(m.metric)} within "
+        f"{m.threshold_s:g} s.</p>{html_table(result.model_result(m))}"
+        for m in result.fleet.members)
+    title = f"Fleet replay of {result.fleet.path}"
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>{STYLE}</style>
+</head><body>
+<h1>{html.escape(title)}</h1>
+<p>{len(result.fleet.members)} models on {len(result.fleet.pools)} pool(s), seed
+{result.seed}. Under <code>scaler</code> each model decides with the engine and the
+fleet step (<code>scaler.engine.fleet.arbitrate</code>) caps it; each baseline scales each
+model alone, limited only by the pool's size (a pod that does not fit stays pending).</p>
+<table><tr>{head}</tr>{body}</table>
+<p class="note">Budget violations: one-second cycles in which the serving replicas of a
+budget's models held more than its maxGpus, or a pool's models more than its GPUs less
+its reservations. Tier columns: feasible 60 s windows whose p95 met the SLO, and
+requests within it, over the tier's models.</p>
+<h2>The pools' GPUs by tier</h2>
+<img alt="per strategy, GPUs held on each pool stacked by tier over time"
+ src="data:image/png;base64,{_fleet_figure_png(result)}">
+<h2>Each model</h2>{models}
+</body></html>
+"""
+
+
+def write_fleet_html(result: fleet.FleetResult, path: Path) -> None:
+    path.write_text(render_fleet_html(result))
 
 
 # ----- progress --------------------------------------------------------------------------

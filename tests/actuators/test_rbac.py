@@ -10,10 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from scaler.actuators import base, cluster_reader, events, leader, nodepool, rbac, replicas, wiring
+from scaler.actuators import (
+    base,
+    cluster_reader,
+    deletion_cost,
+    events,
+    leader,
+    nodepool,
+    rbac,
+    replicas,
+    wiring,
+)
 from scaler.actuators import settings as kube_settings
 from scaler.emulator.env import KubeTestEnv, ManualClock
-from scaler.engine import types
+from scaler.engine import spare, types
 from scaler.policy import model
 
 from .factories import make_decision, make_policy
@@ -41,6 +51,8 @@ async def test_requests_match_the_printed_rbac(kube: KubeTestEnv, wall_clock: Ma
         placeholder=kube_settings.PlaceholderSettings(enabled=True, namespace=headroom_ns),
         clusterapi_namespace=capi_ns)
     await kube.create_deployment("llama", replicas=1)
+    await kube.create("v1", "pods", {"metadata": {"name": "busy", "labels": {"app": "llama"}},
+                                     "spec": {"containers": [{"name": "c", "image": "i"}]}})
     await kube.create("apps/v1", "statefulsets", {
         "metadata": {"name": "sts"}, "spec": {"replicas": 1, "selector": {}}})
     await kube.create("leaderworkerset.x-k8s.io/v1", "leaderworkersets", {
@@ -56,11 +68,18 @@ async def test_requests_match_the_printed_rbac(kube: KubeTestEnv, wall_clock: Ma
     assert await elector.try_acquire_or_renew()
     recorder = events.EventRecorder(kube.api, settings=settings.events, wall_clock=wall_clock,
                                     instance="me")
+    costs = deletion_cost.DeletionCoster(kube.api, settings=settings, work=lambda _: {
+        "busy": spare.PodWork(in_flight=3)})
     actuator = replicas.KubeReplicaActuator(kube.api, settings=settings, recorder=recorder,
-                                            leader=elector)
+                                            leader=elector, deletion_costs=costs)
     reader = cluster_reader.KubeClusterReader(kube.api, settings=settings, wall_clock=wall_clock)
     await reader.start()
     try:
+        # A DRA policy: ResourceSlices and DeviceClasses (cluster), ResourceClaims listed and
+        # watched; read first, so the watches are made before the reader stops.
+        dra_policy = make_policy(kube.namespace, "llama")
+        await reader.read(dra_policy.model_copy(update={"spec": dra_policy.spec.model_copy(
+            update={"resources": model.Resources(device_class_name="gpu.nvidia.com")})}))
         for kind, api_version, name in (("Deployment", "apps/v1", "llama"),
                                         ("StatefulSet", "apps/v1", "sts"),
                                         ("LeaderWorkerSet", "leaderworkerset.x-k8s.io/v1",
@@ -70,6 +89,12 @@ async def test_requests_match_the_printed_rbac(kube: KubeTestEnv, wall_clock: Ma
             outcome = await actuator.apply(policy, make_decision(
                 policy.key, current=cluster.current, desired=cluster.current + 1))
             assert outcome.outcome is base.Outcome.APPLIED
+        # A scale-down annotates the pods first (pods patch, kube.deletion_cost).
+        policy = make_policy(kube.namespace, "llama")
+        current = (await reader.read(policy)).current
+        assert (await actuator.apply(policy, make_decision(
+            policy.key, current=current, desired=current - 1))).written
+        assert costs.counts["patched"] == 1
     finally:
         await reader.stop()
     plan = types.NodePlan(pool="p", resource_name="nvidia.com/gpu", gpus_per_node=8,
@@ -98,10 +123,10 @@ async def test_requests_match_the_printed_rbac(kube: KubeTestEnv, wall_clock: Ma
     pods_scope = None if cluster_wide else kube.namespace
     assert rbac.Attributes(pods_scope, "", "pods", "watch") in used
     wide = {g for g in granted if g[0] == "*"}
-    assert {g[2] for g in wide} == ({"nodes"} | ({"pods", "deployments/scale", "events",
-                                                  "statefulsets/scale", "leaderworkersets/scale",
-                                                  "horizontalpodautoscalers", "scaledobjects"}
-                                                 if cluster_wide else set()))
+    assert {g[2] for g in wide} == ({"nodes", "resourceslices", "deviceclasses"} | (
+        {"pods", "deployments/scale", "events", "resourceclaims", "statefulsets/scale",
+         "leaderworkersets/scale", "horizontalpodautoscalers", "scaledobjects"}
+        if cluster_wide else set()))
 
 
 def test_no_deployment_create_unless_the_placeholder_actuator_is_on() -> None:

@@ -109,8 +109,12 @@ def test_policies_in_the_configmap_load_without_errors(tmp_path: Path) -> None:
     for name, text in policies["data"].items():
         (tmp_path / name).write_text(text)
     result = loader.load_paths([tmp_path])
+    shipped = loader.load_paths([REPO / "config"])
     assert result.errors == []
-    assert len(result.policies) == len(example_policies())
+    assert len(example_policies()) == len(policies["data"])
+    assert [p.key for p in result.policies] == [p.key for p in shipped.policies]
+    assert len(result.pools) == len(shipped.pools) > 0
+    assert len(result.budgets) == len(shipped.budgets) > 0
 
 
 # -- RBAC: exactly what `scaler kube rbac` prints for the rendered settings ---------------
@@ -158,9 +162,10 @@ def test_rbac_is_exactly_what_scaler_kube_rbac_prints(
     granted = rbac.grants(chart, subject)
     assert not any(verb == "*" for *_, verb in granted)
     wide = {resource for where, _, resource, _ in granted if where == "*"}
-    assert wide == ({"nodes"} | ({"pods", "events", "deployments/scale", "statefulsets/scale",
-                                  "leaderworkersets/scale", "horizontalpodautoscalers",
-                                  "scaledobjects"} if settings.kube.cluster_wide else set()))
+    assert wide == ({"nodes", "resourceslices", "deviceclasses"} | (
+        {"pods", "events", "deployments/scale", "statefulsets/scale", "resourceclaims",
+         "leaderworkersets/scale", "horizontalpodautoscalers", "scaledobjects"}
+        if settings.kube.cluster_wide else set()))
     creates = {where for where, group, resource, verb in granted
                if (group, resource, verb) == ("apps", "deployments", "create")}
     assert creates == ({NAMESPACE} if settings.kube.placeholder.enabled else set())

@@ -601,6 +601,44 @@ def test_a_draining_backlog_is_not_read_as_load() -> None:
     assert concurrency.recommendation is not None and concurrency.recommendation <= 6
 
 
+def test_the_down_window_forgets_what_draining_a_backlog_took() -> None:
+    # A gateway reports 10 req/s, then 73 (60/s more queue). tokens/s of replicas working
+    # off the backlog reads their full speed (9,300 tok/s = 10 replicas): held to load +
+    # draining like the other backlog readings. Once the backlog is gone (running back at
+    # 73 req/s), the count goes to the load at once: the 300 s window remembers the load
+    # of the overload and the drain, not the 9 that drained it.
+    p = policy(signals={"concurrency": {"targetPerReplica": 10},
+                        "queueDepth": {"targetWaitingPerReplica": 2},
+                        "tokensPerSecond": {"capacityPerReplica": 1000,
+                                            "targetUtilization": 1.0}})
+    sim = Sim(p, current=1)
+
+    def at(t: int, *, running: float, waiting: float, rate: float, done: float,
+           tokens: float) -> int:
+        return sim.step(t, types.SignalSnapshot(
+            in_flight=value(running), queue_depth=value(waiting), arrival_rate=value(rate),
+            completion_rate=value(done), tokens_per_second=value(tokens)))
+
+    for t in range(0, 40, 2):
+        at(t, running=10, waiting=0, rate=10, done=10, tokens=1000)
+    for t in range(40, 71, 2):
+        at(t, running=20, waiting=60.0 * (t - 40), rate=73, done=13, tokens=1300)
+    held = sim.current
+    assert held >= 9
+    for t in range(72, 110, 2):
+        running = 1820.0 - 40.0 * (t - 72)
+        assert at(t, running=running, waiting=0, rate=73, done=93, tokens=9300) == held
+        assert sim.last is not None
+        tokens = next(s for s in sim.last.signals if s.name == "tokens_per_second")
+        assert tokens.recommendation is not None and tokens.recommendation <= held
+    for t in range(110, 130, 2):
+        at(t, running=73, waiting=0, rate=73, done=73, tokens=7300)
+    # 73 req/s: 7.3 replicas by what runs, 6.8 by the load learned at 10 req/s.
+    assert sim.current in (7, 8)
+    assert sim.last is not None
+    assert not any(c.name == "stabilization_down" for c in sim.last.clamps)
+
+
 def test_a_falling_load_without_an_overload_is_load() -> None:
     # The running count falls as fast, but nothing queued before: the load itself fell
     # and the count follows the concurrency it reads, not a learned rate.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import threading
 import time
@@ -11,13 +12,20 @@ import tracemalloc
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import jsonschema
 import numpy as np
+import prometheus_client
 import pytest
 from aiohttp import web
 
 from scaler import cli
+from scaler.emulator import env as kube_env
+from scaler.service import http_api
+from scaler.service import web as service_web
 from scaler.sim import loadtest, report, traces
+from tests.service import factories as service_factories
 
 TTFT_S = 0.05
 PER_TOKEN_S = 0.01
@@ -192,9 +200,9 @@ def test_a_lagging_client_is_not_a_valid_measurement(server: Server) -> None:
 
     lagged = _run(slow_source(), server, "ok")
     assert loadtest.lag_p99_ms(lagged.records) > 100
-    assert loadtest.details(lagged, max_lag_ms=50)["valid"] is False
+    assert loadtest.client_health(lagged, max_lag_ms=50)["valid"] is False
     fine = _run(_requests([i * 0.01 for i in range(10)], output=2), server, "ok")
-    assert loadtest.details(fine, max_lag_ms=50)["valid"] is True
+    assert loadtest.client_health(fine, max_lag_ms=50)["valid"] is True
 
 
 def test_a_stop_ends_the_run_with_a_partial_record(server: Server) -> None:
@@ -229,19 +237,79 @@ def test_the_cli_writes_the_simulators_keys_and_gates_on_lag(server: Server,
             "--json", str(out), "--report", str(page)]
     assert cli.main(argv) == 0
     doc = json.loads(out.read_text())
-    assert set(doc) == {"trace", "policy", "slo", "strategies", "loadtest"}
+    jsonschema.validate(doc, report.SCHEMA)
+    assert doc["policy"] is None and doc["slo"] == {"metric": "ttft", "threshold_s": 2.0}
     live = doc["strategies"]["live"]
-    assert set(live) <= set(report.STRATEGY_SCHEMA["properties"])
-    assert {"requests", "completed", "slo_attainment", "p95_windows_met",
-            "p95_latency_s"} <= set(live)
     assert live["requests"] == live["completed"] == 10
+    assert live["valid"] is True and sum(live["errors"].values()) == 0
+    assert set(live["errors"]) == set(loadtest.ERROR_KINDS)
+    # No replica timeline read: no cost keys, rather than made-up ones.
+    assert "gpu_hours" not in live and doc["loadtest"]["replicas"] is None
     series = doc["loadtest"]["series"]
     assert series["p95_window_t"] == [0.0] and len(series["p95"]) == 1
-    assert doc["loadtest"]["valid"] is True
     assert "Load test of" in page.read_text()
     # The same run judged against an impossible lag bound: reported, and exit code 3.
     assert cli.main([*argv, "--max-lag-ms", "0.000001"]) == 3
-    assert json.loads(out.read_text())["loadtest"]["valid"] is False
+    doc = json.loads(out.read_text())
+    jsonschema.validate(doc, report.SCHEMA)
+    assert doc["strategies"]["live"]["valid"] is False
+
+
+def test_the_schema_refuses_a_live_result_without_its_own_keys() -> None:
+    live = {"requests": 1, "completed": 1, "rejected": 0, "unfinished": 0,
+            "slo_attainment": 1.0, "p95_windows_met": 1.0, "p50_latency_s": 0.1,
+            "p95_latency_s": 0.1, "p99_latency_s": 0.1,
+            "schedule_lag_ms": {"p50": 0.1, "p99": 0.2, "max": 0.3, "threshold_p99": 50.0},
+            "valid": True, "errors": {"http_5xx": 0}}
+    doc = {"trace": {"path": "t", "requests": 1, "duration_s": 0.0, "rate_scale": 1.0},
+           "policy": None, "slo": {"metric": "ttft", "threshold_s": 2.0},
+           "strategies": {"live": live}}
+    jsonschema.validate(doc, report.SCHEMA)
+    for key in ("schedule_lag_ms", "errors", "valid"):
+        broken = {**doc, "strategies": {"live": {k: v for k, v in live.items() if k != key}}}
+        with pytest.raises(jsonschema.ValidationError, match=key):
+            jsonschema.validate(broken, report.SCHEMA)
+    # A simulated strategy still needs its cost keys.
+    with pytest.raises(jsonschema.ValidationError, match="gpu_hours"):
+        jsonschema.validate({**doc, "strategies": {"scaler": live}}, report.SCHEMA)
+
+
+def test_the_policy_states_the_slo_and_the_prices(server: Server, tmp_path: Path) -> None:
+    # The policy's p95Latency (e2e within 0.1 s) judges the run, not the flags' default
+    # (TTFT 2 s): each request takes about 50 ms + 2 x 10 ms, so all are within 0.1 s;
+    # a 0.06 s bound fails them all.
+    trace = _csv_trace(tmp_path / "t.csv", rows=5, gap_s=0.05)
+    out = tmp_path / "live.json"
+    attainment = {}
+    for slo in (0.1, 0.06):
+        policy = _policy(tmp_path / f"p{slo}.yaml", slo_s=slo, metric="e2e")
+        assert cli.main(["loadtest", "--url", server.url, "--model", "ok", "--trace",
+                         str(trace), "--policy", str(policy), "--json", str(out)]) == 0
+        doc = json.loads(out.read_text())
+        jsonschema.validate(doc, report.SCHEMA)
+        assert doc["policy"] == "llm" and doc["slo"] == {"metric": "e2e", "threshold_s": slo}
+        attainment[slo] = doc["strategies"]["live"]["slo_attainment"]
+    assert attainment == {0.1: 1.0, 0.06: 0.0}
+    argv = ["loadtest", "--url", server.url, "--model", "ok", "--trace", str(trace)]
+    assert cli.main([*argv, "--policy", str(policy), "--slo-s", "1"]) == 2
+    assert cli.main([*argv, "--policy", str(tmp_path / "none.yaml")]) == 2
+    assert cli.main([*argv, "--kubeconfig", str(tmp_path / "kc")]) == 2  # no --target
+
+
+def _policy(path: Path, *, slo_s: float, metric: str) -> Path:
+    path.write_text(f"""apiVersion: scaler.io/v1alpha1
+kind: ScalePolicy
+metadata: {{name: llm, namespace: inference}}
+spec:
+  target: {{name: llm}}
+  replicas: {{min: 1, max: 4}}
+  signals:
+    concurrency: {{targetPerReplica: 8}}
+    p95Latency: {{metric: {metric}, sloSeconds: {slo_s}}}
+  resources: {{gpusPerReplica: 2}}
+  cost: {{gpuHourly: 3.6}}
+""")
+    return path
 
 
 def test_the_trace_is_streamed_with_the_loaders_slice_and_scale(tmp_path: Path) -> None:
@@ -283,3 +351,127 @@ def test_prompts_have_the_length_and_no_shared_prefix() -> None:
     assert first[:2] != second[:2]
     assert loadtest.endpoint("http://h:8000", "chat") == "http://h:8000/v1/chat/completions"
     assert loadtest.endpoint("http://h:8000/v1/", "completions") == "http://h:8000/v1/completions"
+
+
+@dataclass
+class Cluster:
+    """The Kubernetes API emulator (or the SCALER_TEST_KUBECONFIG cluster) on its own
+    thread and loop, with a kubeconfig file that points at it."""
+
+    env: kube_env.KubeTestEnv
+    loop: asyncio.AbstractEventLoop
+    kubeconfig: Path
+
+    def do(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    real = os.environ.get("SCALER_TEST_KUBECONFIG")
+    manager = kube_env.kube_test_env(kubeconfig=real, wall_clock=kube_env.ManualClock())
+    env = asyncio.run_coroutine_threadsafe(manager.__aenter__(), loop).result(timeout=30)
+    try:
+        kubeconfig = Path(real) if real else tmp_path / "kubeconfig"
+        if not real:
+            kubeconfig.write_text(json.dumps({
+                "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
+                "clusters": [{"name": "emulator", "cluster": {"server": env.settings.host}}],
+                "users": [{"name": "tester", "user": {}}],
+                "contexts": [{"name": "emulator",
+                              "context": {"cluster": "emulator", "user": "tester"}}]}))
+        yield Cluster(env=env, loop=loop, kubeconfig=kubeconfig)
+    finally:
+        asyncio.run_coroutine_threadsafe(manager.__aexit__(None, None, None),
+                                         loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+        loop.close()
+
+
+def test_the_replica_timeline_of_a_deployment_prices_the_run(
+        server: Server, cluster: Cluster, tmp_path: Path) -> None:
+    # 1 replica at the start, 3 asked for 0.5 s into a 1.5 s trace (the deployment
+    # controller's status write follows), while the load test runs.
+    env = cluster.env
+    before = len(server.received)
+    cluster.do(env.create_deployment("llm", replicas=1))
+    path = f"{env.collection('apps/v1', 'deployments')}/llm"
+
+    async def scale_later() -> None:
+        # Once the 6th request is in (the run's clock then reads about 0.5 s).
+        while len(server.received) < before + 6:
+            await asyncio.sleep(0.01)
+        await env.api.merge_patch(path, {"spec": {"replicas": 3}})
+
+    trace = _csv_trace(tmp_path / "t.csv", rows=16, gap_s=0.1)
+    policy = _policy(tmp_path / "p.yaml", slo_s=2.0, metric="ttft")
+    out = tmp_path / "live.json"
+    page = tmp_path / "live.html"
+    scaling = asyncio.run_coroutine_threadsafe(scale_later(), cluster.loop)
+    assert cli.main(["loadtest", "--url", server.url, "--model", "ok", "--trace", str(trace),
+                     "--policy", str(policy), "--kubeconfig", str(cluster.kubeconfig),
+                     "--target", f"{env.namespace}/llm", "--json", str(out),
+                     "--report", str(page)]) == 0
+    scaling.result(timeout=5)
+    doc = json.loads(out.read_text())
+    jsonschema.validate(doc, report.SCHEMA)
+    live = doc["strategies"]["live"]
+    assert (live["max_replicas"], live["scale_events"]) == (3, 1)
+    # 2 GPUs a replica (the policy's) at 3.6 an hour, over the 1.5 s of the trace:
+    # 1 replica for about 0.5 s, then 3 (once the status says so).
+    duration = doc["trace"]["duration_s"]
+    assert 2 * duration / 3600 < live["gpu_hours"] < 6 * duration / 3600
+    assert live["cost"] == pytest.approx(live["gpu_hours"] * 3.6, abs=2e-4)
+    assert 0 <= live["idle_cost"] <= live["cost"]
+    assert live["cost_per_1k_requests"] == pytest.approx(live["cost"] / 16 * 1000, abs=0.01)
+    series = doc["loadtest"]["series"]
+    assert series["desired"][0] == 1.0 and 3.0 in series["desired"]
+    assert doc["loadtest"]["replicas"]["source"] == f"deployment {env.namespace}/llm"
+    assert "<th>GPU-h</th>" in page.read_text()
+    # A Deployment that is not there: refused before a request is sent.
+    before = len(server.received)
+    assert cli.main(["loadtest", "--url", server.url, "--model", "ok", "--trace", str(trace),
+                     "--kubeconfig", str(cluster.kubeconfig), "--target",
+                     f"{env.namespace}/missing"]) == 2
+    assert len(server.received) == before
+
+
+def test_the_replica_timeline_from_scalers_decision_api(server: Server, tmp_path: Path
+                                                        ) -> None:
+    # The service's real HTTP API on its own thread, holding a decision for the policy's
+    # model (inference/llm): 3 desired, 2 ready and 1 starting.
+    state = service_factories.loaded_state(service_factories.policy("llm"))
+    state.record("inference/llm", service_factories.observation(
+        current=2, desired=3, ready=2, starting=(1.0,), model_name="inference/llm"))
+    api = http_api.HttpApi(state, registry=prometheus_client.CollectorRegistry())
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    running = asyncio.run_coroutine_threadsafe(
+        service_web.serve(api.app(), host="127.0.0.1", port=0), loop).result(timeout=10)
+    try:
+        trace = _csv_trace(tmp_path / "t.csv", rows=5, gap_s=0.05)
+        policy = _policy(tmp_path / "p.yaml", slo_s=2.0, metric="ttft")
+        out = tmp_path / "live.json"
+        assert cli.main(["loadtest", "--url", server.url, "--model", "ok", "--trace",
+                         str(trace), "--policy", str(policy), "--scaler-url", running.url,
+                         "--poll", "0.05", "--json", str(out)]) == 0
+        doc = json.loads(out.read_text())
+        jsonschema.validate(doc, report.SCHEMA)
+        live = doc["strategies"]["live"]
+        assert (live["max_replicas"], live["scale_events"]) == (3, 0)
+        # 3 allocated (2 ready + 1 starting) x 2 GPUs over the trace's 0.2 s.
+        assert live["gpu_hours"] == pytest.approx(3 * 2 * doc["trace"]["duration_s"] / 3600,
+                                                  abs=2e-4)
+        assert doc["loadtest"]["replicas"]["source"].endswith("model inference/llm")
+        assert cli.main(["loadtest", "--url", server.url, "--model", "ok", "--trace",
+                         str(trace), "--scaler-url", running.url]) == 2  # no model key
+    finally:
+        asyncio.run_coroutine_threadsafe(running.close(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+        loop.close()

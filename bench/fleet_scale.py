@@ -1,0 +1,291 @@
+"""Scale of one instance: one full evaluation cycle of 1,000 and 10,000 models, and memory.
+
+Usage: .venv/bin/python bench/fleet_scale.py [--models 1000 10000] [--cycles 5]
+                                               [--pools 10] [--tenants 20] [--json OUT]
+
+Per model count N, on one core (sched_setaffinity): N ScalePolicies spread over --pools
+GpuPools (8 GPUs a node, one node reserved for training, sized to 80 % of the average
+ask) and --tenants GpuBudgets over every pool (guarantees and ceilings); tiers online,
+batch and dev in turn; 1, 2 or 8 GPUs a replica. Every model gets signals from two
+replicas each cycle (in flight, queue, tokens/s and a TTFT histogram), parsed from DESIGN
+4.2 JSON bodies and stored in the real signal store (ingestion itself is timed by
+bench/signals_ingest.py, and not counted here). Then, per cycle (the clock moves 5 s):
+
+- engine: for every model, the store's snapshot, `decide` with its cap, its ask; then
+  `arbitrate` over all of them: the CPU an instance spends per cycle on the decisions.
+- arbitrate: `engine.fleet.arbitrate` alone, over the same asks.
+- reactor: the service's Reactor (the real one, with the arbiter) evaluating every model
+  once (`notify_all`, then `idle`) against an in-memory cluster at the ClusterReader /
+  ReplicaActuator seam (tests/service/fakes.FakeCluster): tasks, semaphore, state,
+  history and the arbitration included; API round trips are not (docs/scaling.md).
+
+Times are CPU seconds of this process (`time.process_time`, so a busy shared machine
+inflates them less than wall time; wall time of the reactor cycle is printed beside).
+The first cycle fills the windows and is left out; the figure is the median of the rest.
+Memory: tracemalloc's traced bytes after the cycles (policies, store, engine states,
+service state and history, grants), per model, in a second run; and the process's peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+import tracemalloc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scaler.core import vocabulary  # noqa: E402
+from scaler.engine import decide as engine_decide  # noqa: E402
+from scaler.engine import fleet as engine_fleet  # noqa: E402
+from scaler.engine import types  # noqa: E402
+from scaler.policy import fleet as policy_fleet  # noqa: E402
+from scaler.policy import model  # noqa: E402
+from scaler.service import arbiter as fleet_arbiter  # noqa: E402
+from scaler.service import reactor as service_reactor  # noqa: E402
+from scaler.service import state as service_state  # noqa: E402
+from scaler.signals import messages, store  # noqa: E402
+from tests.service import fakes  # noqa: E402
+
+NAMESPACE = "bench"
+START = 1_796_018_400.0
+CYCLE_S = 5.0
+GPUS_PER_REPLICA = (1, 2, 8)
+LE = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+
+
+def policy(index: int, *, pools: int, tenants: int) -> model.ScalePolicy:
+    tier = tuple(vocabulary.Tier)[index % 3]
+    gpus = GPUS_PER_REPLICA[index // 3 % len(GPUS_PER_REPLICA)]
+    return model.ScalePolicy.model_validate({
+        "apiVersion": "scaler.io/v1alpha1", "kind": "ScalePolicy",
+        "metadata": {"name": f"model-{index}", "namespace": NAMESPACE,
+                     "labels": {"tenant": f"tenant-{index % tenants}"}},
+        "spec": {
+            "target": {"name": f"model-{index}"}, "tier": tier,
+            "replicas": {"min": 1, "max": 16},
+            "signals": {"concurrency": {"targetPerReplica": 10},
+                        "queueDepth": {"targetWaitingPerReplica": 4},
+                        "tokensPerSecond": {"capacityPerReplica": 2400},
+                        "p95Latency": {"metric": "ttft", "sloSeconds": 2.0}},
+            "resources": {"gpusPerReplica": gpus},
+            "nodePool": {"name": f"pool-{index % pools}", "gpusPerNode": 8,
+                         "actuator": "none"},
+        },
+    })
+
+
+def fleet_of(*, models: int, pools: int, tenants: int) -> policy_fleet.Fleet:
+    """Pools that hold about 80 % of what the models ask on average, and one budget per
+    tenant over every pool: a third of its share guaranteed, 1.5 times it the ceiling.
+
+    A model asks about 4 replicas (1 to 7 of concurrency) of 11/3 GPUs on average (1, 2
+    or 8): about 14.7 GPUs; 1,000 models on 10 pools ask about 1,470 GPUs a pool.
+    """
+    asked = models * 4 * sum(GPUS_PER_REPLICA) / len(GPUS_PER_REPLICA)
+    nodes = max(2, int(0.8 * asked / pools / 8) + 1)  # + 1 node for the reservation
+    pool_docs = [policy_fleet.GpuPool.model_validate({
+        "apiVersion": "scaler.io/v1alpha1", "kind": "GpuPool",
+        "metadata": {"name": f"pool-{p}"},
+        "spec": {"gpusPerNode": 8, "maxNodes": nodes,
+                 "reservations": [{"name": "training", "gpus": 8}]}}) for p in range(pools)]
+    share = (nodes - 1) * 8 * pools // tenants
+    budgets = [policy_fleet.GpuBudget.model_validate({
+        "apiVersion": "scaler.io/v1alpha1", "kind": "GpuBudget",
+        "metadata": {"name": f"tenant-{t}"},
+        "spec": {"tenant": f"tenant-{t}", "guaranteedGpus": share // 3,
+                 "maxGpus": max(1, share * 3 // 2), "borrow": True}})
+        for t in range(tenants)]
+    return policy_fleet.Fleet(pools={p.name: p for p in pool_docs},
+                              budgets={b.name: b for b in budgets})
+
+
+def feed(signal_store: store.SignalStore, *, models: int, now: float, cycle: int) -> None:
+    """Two replicas' reports for every model, demand moving with the cycle."""
+    for index in range(models):
+        in_flight = 5.0 + (index * 7 + cycle * 13) % 60  # 1 to 7 replicas of concurrency
+        for replica in range(2):
+            body = json.dumps({
+                "v": 1, "model": f"model-{index}", "namespace": NAMESPACE,
+                "source": f"model-{index}-{replica}", "ts": now - 0.5,
+                "queue_depth": (index + cycle) % 5, "in_flight": in_flight,
+                "tokens_per_second": 40.0 * in_flight,
+                "latency": {"metric": "ttft", "histogram": {
+                    "le": LE, "counts": [5, 20, 60, 90, 98, 100, 100]}}}).encode()
+            parsed = messages.parse(body, now=now)
+            assert not isinstance(parsed, messages.Drop), parsed
+            signal_store.put(parsed)
+
+
+@dataclass
+class Instance:
+    """What one instance holds for the engine cycle: policies, signals, engine states,
+    the arbiter, and each model's replicas (applied at once, as a patch would)."""
+
+    policies: list[model.ScalePolicy]
+    fleet: policy_fleet.Fleet
+    signal_store: store.SignalStore = field(default_factory=store.SignalStore)
+    arbiter: fleet_arbiter.Arbiter = field(default_factory=fleet_arbiter.Arbiter)
+    states: dict[str, types.EngineState] = field(default_factory=dict)
+    current: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, models: int, *, pools: int, tenants: int) -> Instance:
+        instance = cls(policies=[policy(i, pools=pools, tenants=tenants)
+                                 for i in range(models)],
+                       fleet=fleet_of(models=models, pools=pools, tenants=tenants))
+        instance.arbiter.set_fleet(instance.fleet, keys={p.key for p in instance.policies})
+        instance.current = {p.key: 1 for p in instance.policies}
+        # As `scaler run` does after start-up: what lives for the process leaves the
+        # collector's sight (full collections over 10,000 policies cost more than a cycle).
+        gc.collect()
+        gc.freeze()
+        return instance
+
+    def cycle(self, cycle: int) -> float:
+        """New signals, then decide every model and arbitrate, as the reactor does but
+        without its tasks: CPU seconds of the deciding and arbitrating."""
+        now = START + cycle * CYCLE_S
+        feed(self.signal_store, models=len(self.policies), now=now, cycle=cycle)
+        gc.collect()
+        started = time.process_time()
+        for each in self.policies:
+            key = each.key
+            cluster = self.arbiter.capped(
+                each, types.ClusterState(current=self.current[key], ready=self.current[key]),
+                now=now)
+            snapshot = self.signal_store.snapshot(
+                key, now=now, stale_after_s=30.0, latency_metric=vocabulary.LatencyMetric.TTFT)
+            decision, self.states[key] = engine_decide.decide(
+                each, snapshot=snapshot, cluster=cluster,
+                state=self.states.get(key, types.EngineState()), now=now)
+            self.current[key] = decision.desired
+            self.arbiter.record(each, decision, cluster, now=now)
+        self.arbiter.arbitrate()
+        return time.process_time() - started
+
+
+def arbitrate_alone(instance: Instance) -> float:
+    """CPU seconds of `arbitrate` over the asks the arbiter holds."""
+    pools = [engine_fleet.pool_capacity(p) for p in instance.fleet.pools.values()]
+    budgets = [engine_fleet.budget_rule(b) for b in instance.fleet.budgets.values()]
+    asks = instance.arbiter.asks()
+    started = time.process_time()
+    engine_fleet.arbitrate(pools, budgets, asks)
+    return time.process_time() - started
+
+
+async def reactor_cycles(policies: list[model.ScalePolicy], fleet: policy_fleet.Fleet, *,
+                         models: int, cycles: int) -> tuple[list[float], list[float], int]:
+    """CPU and wall seconds of each full reactor cycle; evaluations done."""
+    clock = {"now": START}
+    signal_store = store.SignalStore()
+    state = service_state.ServiceState()
+    state.set_policies(policies, status=service_state.PolicyLoadStatus(at=START,
+                                                                        policies=models))
+    cluster = fakes.FakeCluster(current=1)
+    reactor = service_reactor.Reactor(
+        state=state, store=signal_store, reader=cluster, actuator=cluster,
+        wall_clock=lambda: clock["now"], backstop_s=3600.0, coalesce_s=0.0)
+    reactor.set_policies({p.key: p for p in policies}, fleet=fleet)
+    gc.collect()
+    gc.freeze()
+    cpu, wall = [], []
+    for cycle in range(cycles):
+        clock["now"] = START + cycle * CYCLE_S
+        feed(signal_store, models=models, now=clock["now"], cycle=cycle)
+        await reactor.idle()
+        cluster.applied.clear()
+        started_cpu, started_wall = time.process_time(), time.perf_counter()
+        reactor.notify_all()
+        await reactor.idle()
+        cpu.append(time.process_time() - started_cpu)
+        wall.append(time.perf_counter() - started_wall)
+    return cpu, wall, reactor.evaluations
+
+
+def measure(models: int, *, cycles: int, pools: int, tenants: int) -> dict[str, Any]:
+    instance = Instance.build(models, pools=pools, tenants=tenants)
+    engine_s, arbitrate_s = [], []
+    for cycle in range(cycles):
+        engine_s.append(instance.cycle(cycle))
+        arbitrate_s.append(arbitrate_alone(instance))
+    grants = [instance.arbiter.grant(p.key) for p in instance.policies]
+    capped = sum(1 for g in grants if g is not None and g.reason.startswith("capped"))
+    reactor_cpu, reactor_wall, evaluations = asyncio.run(
+        reactor_cycles(instance.policies, instance.fleet, models=models, cycles=cycles))
+    gc.unfreeze()
+    return {
+        "models": models, "pools": pools, "budgets": len(instance.fleet.budgets),
+        "cycles_timed": cycles - 1, "capped_models": capped,
+        "engine_cycle_cpu_s": round(statistics.median(engine_s[1:]), 3),
+        "engine_per_model_us": round(statistics.median(engine_s[1:]) / models * 1e6, 1),
+        "arbitrate_cpu_ms": round(statistics.median(arbitrate_s[1:]) * 1000, 2),
+        "reactor_cycle_cpu_s": round(statistics.median(reactor_cpu[1:]), 3),
+        "reactor_cycle_wall_s": round(statistics.median(reactor_wall[1:]), 3),
+        "reactor_evaluations": evaluations,
+    }
+
+
+def memory(models: int, *, cycles: int, pools: int, tenants: int) -> dict[str, Any]:
+    """Traced bytes held after `cycles` engine cycles, per model (a separate run:
+    tracemalloc slows everything down several times)."""
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    instance = Instance.build(models, pools=pools, tenants=tenants)
+    for cycle in range(cycles):
+        instance.cycle(cycle)
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    return {"models": models, "traced_mib": round(held / 2**20, 1),
+            "traced_kib_per_model": round(held / models / 1024, 1)}
+
+
+def calibration() -> float:
+    """CPU seconds of 10^7 iterations of a plain Python loop: how fast this core ran
+    during the run (a busy shared machine runs it slower), to compare runs by."""
+    started = time.process_time()
+    total = 0
+    for step in range(10_000_000):
+        total += step
+    return round(time.process_time() - started, 2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=int, nargs="+", default=[1000, 10000])
+    parser.add_argument("--cycles", type=int, default=5)
+    parser.add_argument("--pools", type=int, default=10)
+    parser.add_argument("--tenants", type=int, default=20)
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
+    print(json.dumps({"load_average": round(os.getloadavg()[0], 1), "cores": os.cpu_count(),
+                      "calibration_loop_cpu_s": calibration()}), flush=True)
+    results = []
+    for models in args.models:
+        result = measure(models, cycles=args.cycles, pools=args.pools, tenants=args.tenants)
+        result.update(memory(models, cycles=3, pools=args.pools, tenants=args.tenants))
+        result["peak_rss_mib"] = round(
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+        result["calibration_loop_cpu_s"] = calibration()
+        print(json.dumps(result), flush=True)
+        results.append(result)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The fleet replay example (FLEET.yaml, its policies, pool and budgets) and its runner."""

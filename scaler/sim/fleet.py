@@ -1,0 +1,819 @@
+"""Fleet replay (DESIGN 4.6): several models on shared GPU pools and budgets, one clock."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+import pydantic
+import yaml
+from pydantic import Field
+
+from scaler.core import errors, vocabulary
+from scaler.engine import decide as engine_decide
+from scaler.engine import fleet as engine_fleet
+from scaler.engine import types as engine_types
+from scaler.policy import fleet as policy_fleet
+from scaler.policy import loader
+from scaler.policy import model as policy_model
+from scaler.sim import cluster as sim_cluster
+from scaler.sim import profiles, run, strategies, traces
+from scaler.sim.strategies import scaler as scaler_strategy
+
+# Strategies a fleet replays: the engine and the baselines, each model its own. The
+# oracle and static-peak plan one model alone on its own cluster: on a shared pool their
+# search (many replays of one trace) would have to be repeated for every other model's
+# schedule, so they are left out of fleet mode.
+FLEET_STRATEGIES: tuple[str, ...] = ("scaler", "hpa", "keda", "kpa")
+# The fleet is checked and sampled once a second: the engine's evaluation period in
+# the simulator (`ScalerStrategy.period_s`), so a "cycle" is one arbitration.
+CYCLE_S = 1.0
+# The pool series of the report: GPUs held every 10 s, as the single-model series.
+SERIES_S = 10.0
+UNLABELLED = "(none)"
+"""The by-tenant / by-cost-centre key of models without that label."""
+FUNCTIONS_FORMAT = "azure-functions"
+TRACE_FORMATS: tuple[str, ...] = (*traces.FORMATS, FUNCTIONS_FORMAT)
+
+IntArray = npt.NDArray[np.int64]
+
+
+class FleetError(ValueError):
+    """A bad FLEET.yaml or a file it names: says which file and which field."""
+
+
+# ----- the fleet file ----------------------------------------------------------------------
+
+
+class TraceSource(policy_model._Model):
+    """Where one model's requests come from: a trace file, or part of a multi-client one."""
+
+    path: str = Field(description="Trace file or ServeGen folder, relative to the fleet file.")
+    format: Literal["auto", "azure", "mooncake", "servegen", "csv", "azure-functions"] = Field(
+        default="auto", description="As --trace-format, plus azure-functions: the Azure "
+        "Functions 2019 invocations CSV (HashFunction, HashApp, HashOwner, minute_1..N).")
+    rate_scale: float = Field(default=1.0, gt=0, description="As --rate-scale.")
+    start: float | None = Field(default=None, ge=0, description="As --start (seconds).")
+    duration: float | None = Field(default=None, gt=0, description="As --duration (seconds).")
+    clients: tuple[str, ...] = Field(
+        default=(), description="ServeGen: the clients of the folder this model serves "
+        "(chunk-N, the file chunk-N-trace.csv). Empty: every client.")
+    functions: tuple[str, ...] = Field(
+        default=(), description="azure-functions: the HashFunction values (or unique "
+        "prefixes of at least 8 characters) whose invocations are this model's requests.")
+    lengths: str | None = Field(
+        default=None, description="ShareGPT stats CSV for token lengths (ServeGen and "
+        "azure-functions). None: beside the trace folder, else the bundled sample.")
+
+
+class FleetModel(policy_model._Model):
+    policy: str = Field(description="ScalePolicy file, relative to the fleet file.")
+    name: str | None = Field(default=None, description="The policy's metadata.name when "
+                             "the file holds several. None: its first policy.")
+    trace: TraceSource = Field(description="The model's requests.")
+
+
+class FleetReservation(policy_model._Model):
+    """Capacity held out of a pool for the replay (training), beside the pool's own."""
+
+    pool: str = Field(description="The GpuPool it is held on.")
+    name: str = Field(description="What it is held for, e.g. training.")
+    gpus: int = Field(ge=1, description="GPUs held: never given to a scaled model.")
+
+
+class FleetFile(policy_model._Model):
+    """FLEET.yaml: the models with their policy and trace, and the pool and budget files."""
+
+    pools: tuple[str, ...] = Field(min_length=1, description="Files or folders with the "
+                                   "GpuPool documents.")
+    budgets: tuple[str, ...] = Field(default=(), description="Files or folders with the "
+                                     "GpuBudget documents.")
+    reservations: tuple[FleetReservation, ...] = Field(default=())
+    models: tuple[FleetModel, ...] = Field(min_length=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One model of the fleet, ready to replay."""
+
+    policy: policy_model.ScalePolicy
+    profile: profiles.ReplicaProfile
+    trace: traces.Trace
+    pool: str
+    metric: str
+    threshold_s: float
+    feasible: frozenset[int]
+
+    @property
+    def key(self) -> str:
+        return self.policy.key
+
+    @property
+    def tier(self) -> vocabulary.Tier:
+        return self.policy.spec.tier
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.policy.spec.resources.gpus_per_replica
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """A loaded FLEET.yaml: its models, pools (with the file's reservations added) and
+    budgets."""
+
+    path: str
+    members: tuple[Member, ...]
+    pools: Mapping[str, policy_fleet.GpuPool]
+    budgets: Mapping[str, policy_fleet.GpuBudget]
+
+    def members_of(self, pool: str) -> list[Member]:
+        return [m for m in self.members if m.pool == pool]
+
+
+def _at(where: str, field_name: str, *, message: str) -> FleetError:
+    return FleetError(errors.located(where, field_name, message))
+
+
+def _read_fleet_file(path: Path) -> FleetFile:
+    where = str(path)
+    try:
+        document = yaml.load(path.read_text(), Loader=loader.StrictLoader)  # a SafeLoader
+    except OSError as exc:
+        raise _at(where, "", message=f"cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise _at(where, "", message=errors.yaml_problem(exc)) from None
+    if not isinstance(document, dict):
+        raise _at(where, "", message="expected a mapping with pools, budgets, reservations "
+                  "and models")
+    try:
+        return FleetFile.model_validate(document)
+    except pydantic.ValidationError as exc:
+        problems = errors.field_problems(
+            exc, unknown_field="unknown field (check the spelling; fields are camelCase)")
+        raise FleetError("\n".join(errors.located(where, p.field, p.message)
+                                   for p in problems)) from None
+
+
+def _load_documents(where: str, *, field_name: str, paths: Sequence[Path]
+                    ) -> loader.LoadResult:
+    for path in paths:
+        if not path.exists():
+            raise _at(where, field_name, message=f"{path}: no such file or folder")
+    result = loader.load_paths(paths)
+    if result.errors:
+        raise _at(where, field_name, message="invalid documents:\n" + "\n".join(
+            f"  {error}" for error in result.errors))
+    return result
+
+
+def _policy_of(where: str, *, index: int, entry: FleetModel, base: Path
+               ) -> policy_model.ScalePolicy:
+    field_name = f"models[{index}].policy"
+    policies = _load_documents(where, field_name=field_name, paths=[base / entry.policy]).policies
+    if entry.name is not None:
+        policies = [p for p in policies if p.name == entry.name]
+    if not policies:
+        named = f" named {entry.name!r}" if entry.name else ""
+        raise _at(where, field_name, message=f"{base / entry.policy} has no ScalePolicy{named}")
+    return policies[0]
+
+
+def load_fleet(path: Path, *, seed: int = 0) -> Fleet:
+    """Read and check FLEET.yaml and everything it names; FleetError says what is wrong.
+
+    Paths are relative to the fleet file. Each model's GPU hour is priced at its pool's
+    `gpuHourly` (one price per pool, so the fleet's costs add up).
+    """
+    spec = _read_fleet_file(path)
+    where, base = str(path), path.parent
+    pool_docs = _load_documents(where, field_name="pools", paths=[base / p for p in spec.pools])
+    if not pool_docs.pools:
+        raise _at(where, "pools", message="the files hold no GpuPool document")
+    pools = {item.value.name: item.value for item in pool_docs.pools}
+    budget_docs = _load_documents(where, field_name="budgets",
+                                  paths=[base / p for p in spec.budgets])
+    budgets = {item.value.name: item.value for item in budget_docs.budgets}
+    for name, budget in sorted(budgets.items()):
+        if budget.spec.pool is not None and budget.spec.pool not in pools:
+            raise _at(where, "budgets",
+                      message=f"GpuBudget {name}: spec.pool {budget.spec.pool!r} is not a "
+                      f"pool of the fleet ({', '.join(sorted(pools))})")
+    for index, held in enumerate(spec.reservations):
+        pool = pools.get(held.pool)
+        if pool is None:
+            raise _at(where, f"reservations[{index}].pool",
+                      message=f"{held.pool!r} is not a pool of the fleet "
+                      f"({', '.join(sorted(pools))})")
+        document = pool.model_dump(by_alias=True)
+        document["spec"]["reservations"] = [*document["spec"]["reservations"],
+                                            {"name": held.name, "gpus": held.gpus}]
+        try:
+            pools[held.pool] = policy_fleet.GpuPool.model_validate(document)
+        except pydantic.ValidationError as exc:
+            message = "; ".join(p.message for p in errors.field_problems(
+                exc, unknown_field="unknown field"))
+            raise _at(where, f"reservations[{index}]", message=message) from None
+    members: list[Member] = []
+    for index, entry in enumerate(spec.models):
+        policy = _policy_of(where, index=index, entry=entry, base=base)
+        pool_name = _pool_of(where, index=index, policy=policy, pools=pools)
+        pool = pools[pool_name]
+        policy = policy.model_copy(update={"spec": policy.spec.model_copy(update={
+            "cost": policy_model.Cost(gpu_hourly=pool.spec.gpu_hourly)})})
+        try:
+            profile = profiles.load_profile(policy.spec.profile or "llama-3.1-8b-h100")
+        except profiles.ProfileError as exc:
+            raise _at(where, f"models[{index}].policy", message=str(exc)) from None
+        trace = load_source(entry.trace, base=base, seed=seed + index,
+                            where=f"{where}: models[{index}].trace")
+        if trace.requests == 0:
+            raise _at(where, f"models[{index}].trace",
+                      message=f"no requests in {trace.path}'s slice")
+        metric, threshold = run.slo_of(policy)
+        windows = run.feasible(trace, profile=profile, metric=metric, threshold=threshold)
+        members.append(Member(policy=policy, profile=profile, trace=trace, pool=pool_name,
+                              metric=metric, threshold_s=threshold,
+                              feasible=frozenset(windows)))
+    keys = [m.key for m in members]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise _at(where, "models", message=f"{', '.join(twice)} named more than once")
+    return Fleet(path=str(path), members=tuple(members), pools=pools, budgets=budgets)
+
+
+def _pool_of(where: str, *, index: int, policy: policy_model.ScalePolicy,
+             pools: Mapping[str, policy_fleet.GpuPool]) -> str:
+    """The GpuPool the policy's nodePool names, checked against the policy's shape."""
+    field_name = f"models[{index}].policy"
+    node_pool = policy.spec.node_pool
+    if node_pool is None or node_pool.name not in pools:
+        named = "has no spec.nodePool" if node_pool is None else (
+            f"spec.nodePool.name {node_pool.name!r} is not a pool of the fleet")
+        raise _at(where, field_name,
+                  message=f"policy {policy.key} {named} ({', '.join(sorted(pools))})")
+    pool = pools[node_pool.name].spec
+    resources = policy.spec.resources
+    if resources.gpus_per_replica > pool.gpus_per_node:
+        raise _at(where, field_name,
+                  message=f"policy {policy.key}: spec.resources.gpusPerReplica "
+                  f"({resources.gpus_per_replica}) does not fit on a node of pool "
+                  f"{node_pool.name} ({pool.gpus_per_node} GPUs)")
+    if resources.resource_name != pool.resource_name:
+        raise _at(where, field_name,
+                  message=f"policy {policy.key}: spec.resources.resourceName "
+                  f"{resources.resource_name} is not pool {node_pool.name}'s "
+                  f"{pool.resource_name}")
+    return node_pool.name
+
+
+def load_source(source: TraceSource, *, base: Path, seed: int, where: str) -> traces.Trace:
+    """One model's trace: a file's slice, some clients of a ServeGen folder, or some
+    functions of the Azure Functions 2019 invocations, rate-scaled."""
+    path = base / source.path
+    lengths: traces.LengthChoice = "auto" if source.lengths is None else base / source.lengths
+    try:
+        if source.format == FUNCTIONS_FORMAT:
+            stats = None if source.lengths is None else base / source.lengths
+            trace = load_functions(path, functions=source.functions, seed=seed, lengths=stats)
+            trace = traces.cut(trace, start_s=source.start, duration_s=source.duration)
+            return traces.scale_rate(trace, source.rate_scale, seed=seed)
+        if source.clients:
+            if source.format not in ("auto", "servegen") or not path.is_dir():
+                raise FleetError(f"{where}.clients: needs a ServeGen folder (format servegen), "
+                                 f"not {path}")
+            return _servegen_clients(path, source=source, seed=seed, lengths=lengths,
+                                     where=where)
+        if source.functions:
+            raise FleetError(f"{where}.functions: goes with format {FUNCTIONS_FORMAT}")
+        fmt: traces.TraceFormat = source.format  # type: ignore[assignment]  # not functions
+        start = source.start
+        if start is None and (fmt == "servegen" or (fmt == "auto" and path.is_dir())):
+            start = 0.0  # ServeGen's own clock (window 0), so every client shares it
+        return traces.load_trace(path, fmt, rate_scale=source.rate_scale, seed=seed,
+                                 lengths=lengths, start_s=start,
+                                 max_duration_s=source.duration)
+    except (traces.TraceError, ValueError) as exc:
+        if isinstance(exc, FleetError):
+            raise
+        raise FleetError(f"{where}.path: {exc}") from None
+
+
+def _servegen_clients(folder: Path, *, source: TraceSource, seed: int,
+                      lengths: traces.LengthChoice, where: str) -> traces.Trace:
+    """The named clients of a ServeGen folder as one trace, on the folder's clock."""
+    parts: list[traces.Trace] = []
+    for i, client in enumerate(source.clients):
+        file = folder / f"{client}-trace.csv"
+        if not file.is_file():
+            known = ", ".join(p.name.removesuffix("-trace.csv")
+                              for p in traces.servegen_files(folder)[:5])
+            raise FleetError(f"{where}.clients[{i}]: {client!r} is not a client of {folder} "
+                             f"(e.g. {known})")
+        parts.append(traces.load_trace(
+            # Each client its own draws (seeds 1000 apart per model: see load_fleet).
+            file, "servegen", rate_scale=source.rate_scale, seed=seed * 1000 + i,
+            lengths=lengths, start_s=source.start or 0.0, max_duration_s=source.duration))
+    return merged(parts, path=f"{folder} ({', '.join(source.clients)})")
+
+
+def merged(parts: Sequence[traces.Trace], *, path: str) -> traces.Trace:
+    """Traces on one clock as one, sorted by arrival."""
+    arrival = np.concatenate([p.arrival_s for p in parts])
+    order = np.argsort(arrival, kind="stable")
+    return traces.Trace(
+        path, arrival[order], np.concatenate([p.input_tokens for p in parts])[order],
+        np.concatenate([p.output_tokens for p in parts])[order],
+        rate_scale=parts[0].rate_scale, start_s=parts[0].start_s,
+        length_source=parts[0].length_source)
+
+
+def load_functions(path: Path, *, functions: Sequence[str], seed: int,
+                   lengths: Path | None) -> traces.Trace:
+    """Invocations of some Azure Functions 2019 functions as one model's requests.
+
+    The file counts invocations per minute (`minute_1` .. `minute_1440`); within a minute
+    arrivals are drawn uniformly, which is a Poisson process given the count. Token
+    lengths are drawn with replacement from ShareGPT stats (`lengths`, else beside the
+    folder, else the bundled sample). Example: a function with 14 invocations in minute
+    1 gets 14 requests at uniform times in [0, 60) s.
+    """
+    if not functions:
+        raise FleetError(f"{path}: format {FUNCTIONS_FORMAT} needs functions "
+                         "(HashFunction values) to read")
+    wanted = list(functions)
+    found: dict[str, IntArray] = {}
+    for line, row in _function_rows(path):
+        for pick in wanted:
+            if len(pick) >= 8 and row[0].startswith(pick):
+                if pick in found:
+                    raise traces.TraceError(path, line=line, column="HashFunction",
+                                            message=f"prefix {pick!r} matches several functions")
+                found[pick] = _minute_counts(row[3:], path=path, line=line)
+    missing = [pick for pick in wanted if pick not in found]
+    if missing:
+        raise traces.TraceError(path, line=0, column="HashFunction",
+                                message=f"no function {', '.join(map(repr, missing))} "
+                                "(give HashFunction values or prefixes of 8+ characters)")
+    counts = np.sum(list(found.values()), axis=0)
+    rng = np.random.default_rng(seed)
+    arrival = np.sort(np.concatenate([
+        rng.uniform(60.0 * minute, 60.0 * (minute + 1), int(n))
+        for minute, n in enumerate(counts.tolist()) if n]))
+    stats = lengths if lengths is not None else traces.default_lengths_path(path)
+    if stats is None:
+        raise traces.TraceError(path, line=0, column=None, message="no ShareGPT token "
+                                "lengths beside the folder; set the trace's lengths")
+    pool_in, pool_out = traces.load_lengths(stats)
+    drawn = rng.integers(0, pool_in.size, arrival.size)
+    return traces.Trace(f"{path} ({', '.join(functions)})", arrival, pool_in[drawn],
+                        np.maximum(pool_out[drawn], 1),
+                        length_source=f"token lengths: ShareGPT stats {stats}")
+
+
+def _function_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
+    with path.open(newline="") as handle:
+        reader = csv.reader(handle)
+        header = next(reader, [])
+        if header[:3] != ["HashFunction", "HashApp", "HashOwner"]:
+            raise traces.TraceError(path, line=1, column=None, message="expected the header "
+                                    "HashFunction,HashApp,HashOwner,minute_1,...")
+        for record in reader:
+            if record:
+                yield reader.line_num, record
+
+
+def _minute_counts(cells: Sequence[str], *, path: Path, line: int) -> IntArray:
+    counts = np.zeros(len(cells), dtype=np.int64)
+    for i, cell in enumerate(cells):
+        try:
+            counts[i] = int(cell)
+        except ValueError:
+            raise traces.TraceError(path, line=line, column=f"minute_{i + 1}",
+                                    message=f"{cell!r} is not a whole number") from None
+        if counts[i] < 0:
+            raise traces.TraceError(path, line=line, column=f"minute_{i + 1}",
+                                    message="is negative")
+    return counts
+
+
+# ----- the shared pool on the simulated cluster ---------------------------------------------
+
+
+@dataclass(slots=True)
+class PoolNodes:
+    """The nodes of one GpuPool, shared by the simulated clusters of its models."""
+
+    nodes: list[sim_cluster.Node] = field(default_factory=list)
+    live: int = 0
+
+
+class PooledCluster(sim_cluster.SimCluster):
+    """One model's SimCluster whose pods land on its pool's shared nodes.
+
+    Everything else (pods, requests, scoring) is the model's own. The node list and its
+    live count are the pool's, so the cluster autoscaler's max-nodes check
+    (`PoolConfig.max_nodes`, the GpuPool's maxNodes) holds across the pool's models: a
+    pod that fits nowhere stays pending, as on a real pool at its size.
+    """
+
+    def __init__(self, *, shared: PoolNodes, **kwargs: Any) -> None:
+        self._shared = shared
+        # SimCluster's constructor zeroes its node count before it places the start
+        # replicas: the pool's count (other models' nodes) is not to be zeroed then.
+        self._constructing = True
+        # When each pod was bound to a node (slot -> time): it holds GPUs from then.
+        self._bound_at: dict[int, float] = {}
+        super().__init__(**kwargs)
+
+    @property
+    def nodes(self) -> list[sim_cluster.Node]:
+        return self._shared.nodes
+
+    @nodes.setter
+    def nodes(self, _: list[sim_cluster.Node]) -> None:
+        """SimCluster starts with its own empty list; the pool's stays."""
+
+    @property
+    def live_node_count(self) -> int:
+        return self._shared.live
+
+    @live_node_count.setter
+    def live_node_count(self, value: int) -> None:
+        # SimCluster counts +1/-1 per node booted or removed, on the pool's count.
+        if not self._constructing:
+            self._shared.live = value
+
+    def _bootstrap(self, replicas: int) -> None:
+        """The initial replicas, ready at the start, on the pool's free GPUs first, booting
+        ready nodes only for the rest (each model booting its own would leave unused ones)."""
+        self._constructing = False
+        t0 = self.t0
+        for _ in range(replicas):
+            pod = self._new_pod(now=t0)
+            if not self._place(pod, now=t0):
+                if self.pool.max_nodes is not None and self._shared.live >= self.pool.max_nodes:
+                    continue  # the pool is full: this one stays pending
+                self._add_node(ready_at=t0)
+                self._place(pod, now=t0)
+            pod.ready_at = t0
+        self.spec_replicas = replicas
+        self.max_spec = replicas
+        self.advance(t0)
+
+    def _place(self, pod: sim_cluster.Pod, *, now: float) -> bool:
+        placed = super()._place(pod, now=now)
+        if placed:
+            self._bound_at[pod.slot] = now
+        return placed
+
+    def gpu_seconds(self, *, until: float) -> float:
+        """Allocated GPU-seconds, each pod from when it was bound to a node (a booting one
+        included, as SimCluster bills it) until gone or `until`. A pod pending because the
+        pool is at its size holds no GPU: SimCluster, whose pool grows for its one model,
+        bills from creation, which on a full shared pool would bill GPUs nobody has."""
+        total = 0.0
+        for pod in self.pods:
+            bound = self._bound_at.get(pod.slot)
+            if bound is None:
+                continue
+            end = pod.gone_at if pod.gone_at is not None else until
+            total += max(0.0, min(end, until) - max(bound, 0.0)) * pod.gpus
+        return total
+
+    def held_gpus(self) -> tuple[int, int]:
+        """(GPUs held by replicas bound to a node and not draining, GPUs of every bound pod
+        of this model: draining replicas and placeholders included)."""
+        serving = held = 0
+        for slot in self.live_slots:
+            pod = self.pods[slot]
+            if pod.node is None or pod.phase == "gone":
+                continue
+            held += pod.gpus
+            if not pod.placeholder and pod.phase != "draining":
+                serving += pod.gpus
+        return serving, held
+
+
+# ----- arbitration ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class FleetScaler:
+    """The `scaler` strategy of a fleet: each model decides with the real engine, then
+    one fleet step over all models caps them, and each model's evaluation takes its cap
+    as `ClusterState.budget_gpus` (the engine's EXTERNAL_BUDGET clamp), as the service
+    wiring does. The model's own engine (signal feed and state) is `ScalerStrategy`'s."""
+
+    fleet: Fleet
+    engines: dict[str, scaler_strategy.ScalerStrategy]
+    period_s: float = CYCLE_S
+    pools: list[engine_fleet.PoolCapacity] = field(init=False)
+    budgets: list[engine_fleet.BudgetRule] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pools = [engine_fleet.pool_capacity(pool)
+                      for _, pool in sorted(self.fleet.pools.items())]
+        self.budgets = [engine_fleet.budget_rule(budget)
+                        for _, budget in sorted(self.fleet.budgets.items())]
+
+    def decide(self, clusters: Mapping[str, PooledCluster], *, now: float) -> dict[str, int]:
+        """Every model's replicas at `now`: its own decision uncapped (the ask), the
+        fleet's grants over all asks, then, where the grant's cap binds, the decision again
+        under it; that decision's engine state is the one kept (decide is pure: the first
+        call changed nothing)."""
+        asks: list[engine_fleet.Ask] = []
+        drafts: dict[str, tuple[engine_types.SignalSnapshot, engine_types.ClusterState,
+                                engine_types.Decision, engine_types.EngineState]] = {}
+        members = [m for m in self.fleet.members if m.key in clusters]
+        for member in members:
+            engine, cluster = self.engines[member.key], clusters[member.key]
+            snapshot = engine.snapshot(cluster, now=now)
+            state = engine.cluster_state(cluster, now=now)
+            epoch = engine.start_epoch_s + now
+            decision, after = engine_decide.decide(member.policy, snapshot=snapshot,
+                                                   cluster=state, state=engine.state, now=epoch)
+            asks.append(engine_fleet.ask_of(member.policy, decision, now=epoch))
+            drafts[member.key] = (snapshot, state, decision, after)
+        grants = engine_fleet.arbitrate(self.pools, self.budgets, asks)
+        out: dict[str, int] = {}
+        for member in members:
+            engine = self.engines[member.key]
+            snapshot, state, decision, after = drafts[member.key]
+            grant = grants[member.key]
+            if grant.cap_gpus is not None and grant.cap_gpus // member.gpus_per_replica < (
+                    decision.desired):
+                # The cap binds: decide again under it. (A cap at or above the decision
+                # changes neither the count nor the state: the first call stands.)
+                capped = dataclasses.replace(state, budget_gpus=grant.cap_gpus,
+                                             budget_reason=grant.reason or None)
+                decision, after = engine_decide.decide(
+                    member.policy, snapshot=snapshot, cluster=capped, state=engine.state,
+                    now=engine.start_epoch_s + now)
+            engine.state = after
+            out[member.key] = decision.desired
+        return out
+
+
+# ----- the replay ----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Ledger:
+    """Per cycle: GPUs held per pool by tier (for the report) and the limits exceeded."""
+
+    t: list[float] = field(default_factory=list)
+    by_tier: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    peak: dict[str, int] = field(default_factory=dict)
+    cycles_over: int = 0
+    over: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetStrategyResult:
+    """One strategy over the fleet: each model's run and the fleet's figures."""
+
+    name: str
+    models: dict[str, run.StrategyResult]
+    fleet: dict[str, Any]
+    pool_series: dict[str, dict[str, list[float]]]
+
+
+@dataclass(frozen=True, slots=True)
+class FleetResult:
+    fleet: Fleet
+    seed: int
+    results: dict[str, FleetStrategyResult]
+
+    def model_result(self, member: Member) -> run.SimulationResult:
+        """One model's 4.4 result over every strategy (for its table and JSON)."""
+        return run.SimulationResult(
+            trace=member.trace, policy=member.policy, profile=member.profile,
+            slo_metric=member.metric, slo_threshold_s=member.threshold_s,
+            results={name: r.models[member.key] for name, r in self.results.items()})
+
+    def to_json(self) -> dict[str, Any]:
+        """Per model the 4.4 document; per strategy the `fleet` object (DESIGN 4.6)."""
+        return {
+            "fleet": self.fleet.path,
+            "seed": self.seed,
+            "pools": {name: {"gpus": pool.spec.total_gpus,
+                             "reserved_gpus": pool.spec.reserved_gpus,
+                             "gpus_per_node": pool.spec.gpus_per_node,
+                             "gpu_hourly": pool.spec.gpu_hourly}
+                      for name, pool in sorted(self.fleet.pools.items())},
+            "models": {m.key: self.model_result(m).to_json() for m in self.fleet.members},
+            "strategies": {name: {"fleet": r.fleet} for name, r in self.results.items()},
+        }
+
+
+def _pool_config(member: Member, pool: policy_fleet.GpuPool) -> sim_cluster.PoolConfig:
+    return sim_cluster.PoolConfig(gpus_per_node=pool.spec.gpus_per_node,
+                                  node_boot_s=member.profile.cold_start.node_boot_seconds,
+                                  max_nodes=pool.spec.max_nodes)
+
+
+def _start_replicas(member: Member, pool: sim_cluster.PoolConfig) -> int:
+    """Each model's start: what its first minute needs at the rate estimate (the same for
+    every strategy; the oracle's start search is a single-model replay)."""
+    context = run.context_for(policy=member.policy, profile=member.profile,
+                              trace=member.trace, pool=pool)
+    return run.initial_replicas(member.policy, context.rate_need)
+
+
+def replay(fleet: Fleet, *, strategy: str, dt: float = 0.1,
+           progress: run.Progress | None = None) -> FleetStrategyResult:
+    """Every model of the fleet on its pool's shared nodes under one strategy, one clock.
+
+    Each step: pods advance on every cluster; strategies decide when due (baselines each
+    model alone every own period; `scaler` all models at once every second, then the
+    fleet step); every cluster serves its step. Once a second the GPUs held are tallied
+    per pool and tier and checked against every budget's ceiling and each pool's
+    unreserved GPUs. A model whose trace has ended and drained gives its GPUs back.
+    """
+    if strategy not in FLEET_STRATEGIES:
+        raise ValueError(f"fleet mode runs {', '.join(FLEET_STRATEGIES)}, not {strategy!r}")
+    shared = {name: PoolNodes() for name in fleet.pools}
+    clusters: dict[str, PooledCluster] = {}
+    alone: dict[str, strategies.Strategy] = {}
+    engines: dict[str, scaler_strategy.ScalerStrategy] = {}
+    for member in fleet.members:
+        pool = _pool_config(member, fleet.pools[member.pool])
+        clusters[member.key] = PooledCluster(
+            shared=shared[member.pool], trace=member.trace, profile=member.profile,
+            pool=pool, initial_replicas=_start_replicas(member, pool), dt=dt,
+            gpus_per_replica=member.gpus_per_replica, warmup_s=run.WARMUP_S)
+        if strategy == "scaler":
+            engines[member.key] = scaler_strategy.ScalerStrategy(
+                member.policy, start_epoch_s=member.trace.start_s)
+        else:
+            alone[member.key] = run.make_strategy(
+                strategy, policy=member.policy, profile=member.profile, trace=member.trace,
+                pool=pool)
+    fleet_step = FleetScaler(fleet, engines) if strategy == "scaler" else None
+    ledger = Ledger()
+    begin = min(c.t0 for c in clusters.values())
+    end = max(c.time_of_step(c.steps - 1) for c in clusters.values())
+    due = {key: 0.0 for key in clusters}
+    next_fleet = next_tally = 0.0
+    finished: set[str] = set()
+    horizon = max(m.trace.duration_s for m in fleet.members)
+    for step in range(int(math.ceil((end - begin) / dt)) + 1):
+        now = begin + step * dt
+        active = {k: c for k, c in clusters.items() if k not in finished and c.step < c.steps
+                  and c.time_of_step(c.step) <= now + 1e-9}
+        for cluster in active.values():
+            cluster.advance(now)
+        if fleet_step is not None and now >= next_fleet - 1e-9 and now >= 0:
+            ready = {k: c for k, c in clusters.items() if k not in finished}
+            for key, replicas in fleet_step.decide(ready, now=now).items():
+                ready[key].scale_to(replicas, now=now)
+            next_fleet += CYCLE_S
+        for key, baseline in alone.items():
+            if key in active and now >= due[key] - 1e-9 and now >= 0:
+                active[key].scale_to(baseline.decide(active[key], now=now), now=now)
+                due[key] += baseline.period_s
+        for cluster in active.values():
+            cluster.run_step(now)
+        for key, cluster in active.items():
+            if (now > cluster.trace.duration_s and cluster.drained) or (
+                    cluster.step >= cluster.steps):
+                finished.add(key)
+                cluster.scale_to(0, now=now)
+        if now >= next_tally - 1e-9 and now >= 0:
+            _tally(fleet, clusters, ledger=ledger, now=now)
+            next_tally += CYCLE_S
+        if len(finished) == len(clusters):
+            break
+        if progress is not None and step % 500 == 0:
+            progress(strategy, min(1.0, max(now, 0.0) / max(horizon, 1e-9)))
+    models: dict[str, run.StrategyResult] = {}
+    for member in fleet.members:
+        cluster = clusters[member.key]
+        summary = run.summarize(cluster, policy=member.policy, metric=member.metric,
+                                threshold=member.threshold_s,
+                                feasible_windows=set(member.feasible))
+        models[member.key] = run.StrategyResult(
+            name=strategy, summary=summary, series=run.series(cluster, metric=member.metric))
+    return FleetStrategyResult(name=strategy, models=models,
+                               fleet=fleet_summary(fleet, models, ledger=ledger),
+                               pool_series=_pool_series(ledger))
+
+
+def _tally(fleet: Fleet, clusters: Mapping[str, PooledCluster], *, ledger: Ledger,
+           now: float) -> None:
+    """One cycle's GPUs: held per pool and tier, and which limits they exceed.
+
+    A limit is exceeded when the GPUs of serving replicas (bound to a node, not draining)
+    it covers are above it: a budget's maxGpus over its models (on its pool, or on all),
+    a pool's GPUs less its reservations over every model on it. Replicas draining after a
+    scale-down are leaving (they take no new requests) and are not counted against a
+    limit; they are in the held GPUs of the report.
+    """
+    serving: dict[str, int] = {}
+    ledger.t.append(now)
+    for name in fleet.pools:
+        tiers = ledger.by_tier.setdefault(name, {t.value: [] for t in vocabulary.Tier})
+        held_by_tier = dict.fromkeys(tiers, 0)
+        for member in fleet.members_of(name):
+            on_node, held = clusters[member.key].held_gpus()
+            serving[member.key] = on_node
+            held_by_tier[member.tier.value] += held
+        for tier, values in tiers.items():
+            values.append(held_by_tier[tier])
+        ledger.peak[name] = max(ledger.peak.get(name, 0), sum(held_by_tier.values()))
+    exceeded: list[str] = []
+    for name, pool in sorted(fleet.pools.items()):
+        if pool.spec.reserved_gpus and sum(
+                serving[m.key] for m in fleet.members_of(name)) > pool.spec.shareable_gpus:
+            exceeded.extend(f"reservation {name}/{r.name}" for r in pool.spec.reservations)
+    for name, budget in sorted(fleet.budgets.items()):
+        covered = [m for m in fleet.members
+                   if budget.covers(m.policy) and budget.spec.pool in (None, m.pool)]
+        if sum(serving[m.key] for m in covered) > budget.spec.max_gpus:
+            exceeded.append(f"budget {name}")
+    if exceeded:
+        ledger.cycles_over += 1
+        for what in exceeded:
+            ledger.over[what] = ledger.over.get(what, 0) + 1
+
+
+def _pool_series(ledger: Ledger) -> dict[str, dict[str, list[float]]]:
+    """Per pool, every SERIES_S: `t` and the GPUs held by each tier at that time."""
+    every = max(1, int(round(SERIES_S / CYCLE_S)))
+    out: dict[str, dict[str, list[float]]] = {}
+    for name, tiers in ledger.by_tier.items():
+        series: dict[str, list[float]] = {"t": ledger.t[::every]}
+        for tier, values in tiers.items():
+            series[tier] = [float(v) for v in values[::every]]
+        out[name] = series
+    return out
+
+
+def _costs(summaries: Sequence[Mapping[str, float | int]]) -> dict[str, float | int]:
+    """GPU-hours, cost, idle cost and cost per 1k completed requests of some models."""
+    cost = sum(float(s["cost"]) for s in summaries)
+    completed = sum(int(s["completed"]) for s in summaries)
+    return {
+        "models": len(summaries),
+        "requests": sum(int(s["requests"]) for s in summaries),
+        "completed": completed,
+        "gpu_hours": round(sum(float(s["gpu_hours"]) for s in summaries), 4),
+        "cost": round(cost, 4),
+        "idle_cost": round(sum(float(s["idle_cost"]) for s in summaries), 4),
+        # As a model's: 0 when nothing completed (no price per request).
+        "cost_per_1k_requests": round(cost / completed * 1000, 4) if completed else 0.0,
+    }
+
+
+def _slo(summaries: Sequence[Mapping[str, float | int]]) -> dict[str, float | int]:
+    """A tier's SLO: requests within it over all judged, feasible windows met over all."""
+    judged = sum(int(s["requests"]) - int(s.get("rejected", 0)) for s in summaries)
+    within = sum(float(s["slo_attainment"]) * (int(s["requests"]) - int(s.get("rejected", 0)))
+                 for s in summaries)
+    windows = sum(int(s.get("feasible_windows", 0)) for s in summaries)
+    met = sum(float(s["p95_windows_met"]) * int(s.get("feasible_windows", 0))
+              for s in summaries)
+    return {"models": len(summaries),
+            "slo_attainment": round(within / judged, 6) if judged else 1.0,
+            "p95_windows_met": round(met / windows, 6) if windows else 1.0,
+            "feasible_windows": windows,
+            "unfinished": sum(int(s.get("unfinished", 0)) for s in summaries)}
+
+
+def fleet_summary(fleet: Fleet, models: Mapping[str, run.StrategyResult], *, ledger: Ledger
+                  ) -> dict[str, Any]:
+    """The `fleet` object of one strategy (DESIGN 4.6)."""
+
+    def grouped(label: Callable[[Member], str | None]) -> dict[str, dict[str, float | int]]:
+        keys = sorted({label(m) or UNLABELLED for m in fleet.members})
+        return {key: _costs([models[m.key].summary for m in fleet.members
+                             if (label(m) or UNLABELLED) == key]) for key in keys}
+
+    tiers = sorted({m.tier for m in fleet.members}, key=list(vocabulary.Tier).index)
+    return {
+        **_costs([r.summary for r in models.values()]),
+        "by_tenant": grouped(lambda m: m.policy.tenant),
+        "by_cost_center": grouped(lambda m: m.policy.cost_center),
+        "peak_gpus": {name: ledger.peak.get(name, 0) for name in sorted(fleet.pools)},
+        "budget_violations": ledger.cycles_over,
+        "violations_by": dict(sorted(ledger.over.items())),
+        "by_tier": {tier.value: _slo([models[m.key].summary for m in fleet.members
+                                      if m.tier is tier]) for tier in tiers},
+    }
+
+
+def simulate_fleet(fleet: Fleet, *, names: Sequence[str] = FLEET_STRATEGIES,
+                   seed: int = 0, dt: float = 0.1,
+                   progress: run.Progress | None = None) -> FleetResult:
+    """Replay the fleet under each named strategy (each from the same start)."""
+    results = {name: replay(fleet, strategy=name, dt=dt, progress=progress) for name in names}
+    return FleetResult(fleet=fleet, seed=seed, results=results)
+

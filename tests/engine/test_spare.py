@@ -1,0 +1,91 @@
+"""Scale-down that spares work: deletion costs from reported work, and the batch tier's
+rule that replicas with unfinished work stay unless the model is over its GPU budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from scaler.engine import spare, types
+
+from .helpers import Sim, policy, snap
+
+Work = spare.PodWork
+
+
+@pytest.mark.parametrize(("work", "cost"), [
+    (Work(), 0),
+    (Work(in_flight=30, queue_depth=12), 42),
+    (Work(in_flight=0.5), 1),            # any work at all ranks above an idle pod
+    (Work(in_flight=-3), 0),             # never negative: nothing known to cut
+    (Work(in_flight=float("nan")), 0),
+    (Work(in_flight=1e12), spare.INT32_MAX),  # the annotation must stay an int32
+    (Work(in_flight=float("inf")), spare.INT32_MAX),
+    (Work(in_flight=spare.INT32_MAX - 1, queue_depth=0.5), spare.INT32_MAX),
+])
+def test_deletion_cost_is_running_plus_waiting_within_int32(work: spare.PodWork,
+                                                           cost: int) -> None:
+    assert spare.deletion_cost(work) == cost
+
+
+def test_work_by_source_joins_the_two_signals() -> None:
+    assert spare.work_by_source(in_flight={"a": 3, "b": 0}, queue_depth={"b": 2, "c": 1}) == {
+        "a": Work(3, 0), "b": Work(0, 2), "c": Work(0, 1)}
+
+
+def test_a_silent_pod_costs_the_median_of_the_reporting_ones() -> None:
+    work = {"idle": Work(), "mid": Work(in_flight=3), "busy": Work(in_flight=40),
+            "gateway": Work(queue_depth=500)}  # not a pod of the target: ignored
+    assert spare.costs(["idle", "mid", "busy", "silent"], work) == {
+        "idle": 0, "mid": 3, "busy": 40, "silent": 3}
+    # Lower middle of an even count; no report at all: Kubernetes' own default, 0.
+    assert spare.neutral_cost([0, 2, 8, 9]) == 2
+    assert spare.costs(["a", "b"], {}) == {"a": 0, "b": 0}
+
+
+def test_busy_replicas_count_sources_with_unfinished_work() -> None:
+    work = {"a": Work(in_flight=1), "b": Work(queue_depth=2), "c": Work(), "d": Work(0.0, 0.0)}
+    assert spare.busy_replicas(work) == 2
+
+
+@pytest.mark.parametrize(("busy", "current", "floor"), [
+    (None, 6, 0), (4, 6, 4), (9, 6, 6), (0, 6, 0), (-1, 6, 0)])
+def test_busy_floor_never_exceeds_what_the_target_has(busy: int | None, current: int,
+                                                      floor: int) -> None:
+    cluster = types.ClusterState(current=current, ready=current, busy_replicas=busy)
+    assert spare.busy_floor(cluster) == floor
+
+
+FAST_DOWN = {"scaleUp": {"stabilizationSeconds": 0, "policies": []},
+             "scaleDown": {"stabilizationSeconds": 0, "policies": []}}
+
+
+def test_busy_replicas_are_not_removed_unless_over_budget() -> None:
+    """6 replicas, demand for 2 (20 running at 10 per replica), 4 report unfinished work."""
+    def decide(**cluster: object) -> types.Decision:
+        sim = Sim(policy(behavior=FAST_DOWN), current=6)
+        sim.step(0, snap(running=20, waiting=0), **cluster)
+        assert sim.last is not None
+        return sim.last
+
+    assert decide().desired == 2  # no busy count (not a batch tier): down to demand
+    kept = decide(busy_replicas=4)
+    assert kept.desired == 4
+    assert [(c.name, c.before, c.after) for c in kept.clamps] == [
+        (types.ClampName.UNFINISHED_WORK, 2, 4)]
+    assert decide(busy_replicas=0).desired == 2
+    # More busy sources than replicas (a gateway's queue among them): hold, never add.
+    assert decide(busy_replicas=9).desired == 6
+    # Over its GPU budget (3 GPUs where it holds 6): the budget wins, down to it and no
+    # further than the busy rule allows.
+    over = decide(busy_replicas=4, budget_gpus=3)
+    assert over.desired == 3
+    assert [c.name for c in over.clamps] == [types.ClampName.UNFINISHED_WORK,
+                                             types.ClampName.EXTERNAL_BUDGET]
+    # Within budget (a cap above what it holds), the busy replicas stay.
+    assert decide(busy_replicas=4, budget_gpus=8).desired == 4
+
+
+def test_the_busy_rule_never_slows_a_scale_up() -> None:
+    sim = Sim(policy(behavior=FAST_DOWN), current=1)
+    assert sim.step(0, snap(running=50, waiting=0), busy_replicas=1) == 5
+    assert sim.last is not None and sim.last.clamps == ()
