@@ -8,6 +8,11 @@ taken, zero budget violations, and scaler's GPU-hours against every baseline tha
 the same online SLO.
 
     .venv/bin/python -m loadtests.fleet [--fleet FLEET.yaml] [--json OUT] [--report OUT.html]
+
+Two fleets ship here: fleet.yaml (20 minutes: 20 windows per model, so one miss is 0.95;
+what the tests build on) and long.yaml (the same pool, budgets and policies over the whole
+hour of both Azure traces: 117 feasible online windows, one miss 0.991; reads
+../shared/traces beside the repository). Results: docs/benchmarks.md, "Fleet replay".
 """
 
 from __future__ import annotations
@@ -35,8 +40,12 @@ def quality_bar(result: fleet.FleetResult) -> list[tuple[str, str, bool]]:
     """(what, measured, met) for each line of the bar, from `scaler`'s run."""
     scaler = result.results["scaler"].fleet
     tiers = scaler["by_tier"]
-    online = tiers.get("online", {"p95_windows_met": 1.0})["p95_windows_met"]
-    lines = [("online feasible windows met >= 0.99", f"{online:.3f}", online >= ONLINE_BAR)]
+    served = tiers.get("online", {"p95_windows_met": 1.0, "feasible_windows": 0})
+    online = served["p95_windows_met"]
+    # The count beside the fraction: with 20 windows one miss is 0.95, with 117 it is 0.991.
+    met = round(online * served["feasible_windows"])
+    lines = [("online feasible windows met >= 0.99",
+              f"{online:.3f} ({met} of {served['feasible_windows']})", online >= ONLINE_BAR)]
     if "batch" in tiers:
         batch = tiers["batch"]
         lines.append(("batch absorbs the shortfall (its windows met, unfinished requests)",

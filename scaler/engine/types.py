@@ -75,7 +75,12 @@ class SignalSnapshot:
     @classmethod
     def of(cls, values: Mapping[vocabulary.Signal, SignalValue | None]) -> SignalSnapshot:
         """A snapshot from a mapping of demand signals (others are ignored)."""
-        return cls(**{signal.value: values.get(signal) for signal in vocabulary.DEMAND_SIGNALS})
+        return cls(**{name: values.get(signal) for signal, name in _DEMAND_FIELDS})
+
+
+_DEMAND_FIELDS = tuple((signal, signal.value) for signal in vocabulary.DEMAND_SIGNALS)
+"""(signal, its SignalSnapshot field): an enum member's `.value` is a descriptor call, seven
+a snapshot."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -368,6 +368,7 @@ def reference_errors(result: LoadResult) -> list[PolicyError]:
     problems: list[PolicyError] = []
     for item in result.loaded:
         problems += _policy_on_pool(item, pools)
+        problems += _variants_on_pools(item, pools)
     problems += _budget_owners(result.budgets)
     problems += _guarantees(result.budgets, pools)
     return problems
@@ -410,6 +411,37 @@ def _policy_on_pool(item: LoadedPolicy, pools: Mapping[str, Loaded[fleet.GpuPool
         problems.append(problem("spec.resources.gpusPerReplica", (
             f"{spec.resources.gpus_per_replica} GPUs per replica do not fit in one NVLink "
             f"domain of {domain} GPUs of {where}: a tensor-parallel replica needs one")))
+    return problems
+
+
+def _variants_on_pools(item: LoadedPolicy, pools: Mapping[str, Loaded[fleet.GpuPool]]
+                       ) -> list[PolicyError]:
+    """Each variant's pool must be a GpuPool (when any is defined), with the variant's
+    resourceName, and a replica of it must fit on one of its nodes."""
+    if not pools:
+        return []
+    problems = []
+    for index, variant in enumerate(item.policy.spec.variants):
+        field = f"spec.variants[{index}]"
+        held = pools.get(variant.node_pool)
+        if held is None:
+            message = (f"variant {variant.name} names GpuPool {variant.node_pool!r}, which is "
+                       f"not defined ({_pool_list(pools)})")
+            problems.append(PolicyError(path=item.path, document=item.document,
+                                        field=f"{field}.nodePool", message=message))
+            continue
+        pool, where = held.value.spec, f"GpuPool {held.value.name} in {held.where}"
+        resources = variant.resources
+        if resources.resource_name != pool.resource_name:
+            problems.append(PolicyError(
+                path=item.path, document=item.document, field=f"{field}.resources.resourceName",
+                message=f"{resources.resource_name}, but {where} offers {pool.resource_name}"))
+        if resources.gpus_per_replica > pool.gpus_per_node:
+            problems.append(PolicyError(
+                path=item.path, document=item.document,
+                field=f"{field}.resources.gpusPerReplica",
+                message=f"{resources.gpus_per_replica} GPUs per replica do not fit on a node "
+                f"of {where} ({pool.gpus_per_node} GPUs)"))
     return problems
 
 

@@ -562,6 +562,50 @@ class Cost(_Model):
         "2.5: a typical on-demand H100 hour in 2025.")
 
 
+MAX_VARIANTS = 4
+"""Most variants of one model: `engine.variants.mix` searches their counts exactly, and a
+handful of hardware types is what a fleet offers (H100, A100, L40S, a MIG slice)."""
+
+
+class Variant(_Model):
+    """One deployment of the model on one kind of hardware (an H100, A100 or L40S
+    Deployment of the same weights), with what one replica of it serves."""
+
+    name: str = Field(description="The variant's name (a DNS-1123 label), unique in the "
+                      "policy: the key ns/model#name in arbitration and explanations.")
+    target: Target = Field(description="The variant's own object with a scale subresource, "
+                           "patched with its replica count.")
+    node_pool: str = Field(description="Name of the GpuPool its replicas run on; it must "
+                           "exist when GpuPools are loaded (checked by `scaler validate`).")
+    resources: Resources = Field(
+        default_factory=Resources, description="GPUs per replica and their resource name "
+        "on this hardware. Default: one nvidia.com/gpu.")
+    capacity: float = Field(
+        gt=0, description="What one replica serves, in the policy's unit: requests as "
+        "signals.concurrency.targetPerReplica when that is set, else generated tokens/s as "
+        "signals.tokensPerSecond.capacityPerReplica. No default: measure it per hardware "
+        "(a profile run, bench/).")
+    gpu_hourly: float | None = Field(
+        default=None, ge=0, description="Price of one of its GPUs for one hour. None: its "
+        "GpuPool's gpuHourly, else spec.cost.gpuHourly.")
+    pod_start_seconds: float | None = Field(
+        default=None, ge=0, description="Seconds from a new replica on a free GPU to ready "
+        "(image pull + weights + readiness) on this hardware. None: spec.coldStart's.")
+    profile: str | None = Field(
+        default=None, description="Replica performance profile on this hardware for the "
+        "simulator (e.g. llama-3.1-8b-l40s). None: spec.profile.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _dns_name(value, "variant name")
+
+    @field_validator("node_pool")
+    @classmethod
+    def _pool(cls, value: str) -> str:
+        return _dns_name(value, "node pool name")
+
+
 class ScalePolicySpec(_Model):
     """How one model scales."""
 
@@ -605,9 +649,14 @@ class ScalePolicySpec(_Model):
         default=vocabulary.DEFAULT_TIER, description="Priority on a shared GPU pool: online "
         "(users waiting) before batch (offline work, absorbs a shortfall) before dev. "
         "Default online: a model serves users unless it says otherwise.")
+    variants: tuple[Variant, ...] = Field(
+        default=(), max_length=MAX_VARIANTS, description="Deployments of the same model on "
+        "different hardware (at most 4); the fleet step serves the demand with the "
+        "cheapest mix of them, keeping ready replicas first. Empty: spec.target alone.")
 
     @model_validator(mode="after")
     def _cross(self) -> ScalePolicySpec:
+        self._check_variants()
         floor = self.warm_floor.highest
         if floor > self.replicas.max:
             raise ValueError(
@@ -628,6 +677,24 @@ class ScalePolicySpec(_Model):
                     f"{self.resources.gpus_per_replica} GPUs"
                 )
         return self
+
+    def _check_variants(self) -> None:
+        if not self.variants:
+            return
+        names = [v.name for v in self.variants]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"variants: {', '.join(twice)} named more than once")
+        targets = [(v.target.kind, v.target.name) for v in self.variants]
+        shared = sorted({f"{kind} {name}" for kind, name in targets
+                         if targets.count((kind, name)) > 1})
+        if shared:
+            raise ValueError(f"variants: {', '.join(shared)} is the target of several "
+                             "variants (each variant scales its own)")
+        if self.signals.concurrency is None and self.signals.tokens_per_second is None:
+            raise ValueError("variants need a capacity unit: signals.concurrency or "
+                             "signals.tokensPerSecond (a queue target has no per-replica "
+                             "capacity to compare hardware by)")
 
     @property
     def latency_metric(self) -> vocabulary.LatencyMetric:

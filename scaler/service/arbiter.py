@@ -4,16 +4,22 @@ The reactor decides each model alone; this keeps what each decision asked
 (`engine.fleet.ask_of`), re-arbitrates the whole fleet when an ask changed, and gives
 each next decision its cap as `ClusterState.budget_gpus` with the reason. One event loop
 owns it, so no locks.
+
+A model with variants (spec.variants) is kept as its demand and variants instead
+(`record_variants`), and arbitration then mixes it over its variants' pools
+(`engine.variants.settle`); `mix` gives the replicas per variant to patch. (The reactor
+does not call `record_variants` yet: see docs/scaling.md, Variants.)
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from scaler.engine import fleet as engine_fleet
 from scaler.engine import spec as engine_spec
 from scaler.engine import types
+from scaler.engine import variants as engine_variants
 from scaler.policy import fleet as policy_fleet
 from scaler.policy import model
 
@@ -29,6 +35,8 @@ class Arbiter:
         self._excluded: dict[str, int] = {}  # pool -> GPUs the latest read excluded
         self._asks: dict[str, engine_fleet.Ask] = {}
         self._grants: dict[str, engine_fleet.Grant] = {}
+        self._variants: dict[str, engine_variants.VariantModel] = {}
+        self._mixes: dict[str, engine_variants.Mix] = {}
         self.arbitrations = 0
 
     @property
@@ -42,7 +50,10 @@ class Arbiter:
         self._budgets = tuple(engine_fleet.budget_rule(b) for _, b in sorted(fleet.budgets.items()))
         self._excluded = {name: n for name, n in self._excluded.items() if name in fleet.pools}
         self._asks = {key: ask for key, ask in self._asks.items() if key in keys}
-        self._grants = {key: g for key, g in self._grants.items() if key in keys}
+        self._grants = {key: g for key, g in self._grants.items()
+                        if key.partition(engine_variants.SEPARATOR)[0] in keys}
+        self._variants = {key: v for key, v in self._variants.items() if key in keys}
+        self._mixes = {key: m for key, m in self._mixes.items() if key in keys}
 
     def capped(self, policy: model.ScalePolicy, cluster: types.ClusterState, *, now: float
                ) -> types.ClusterState:
@@ -80,19 +91,42 @@ class Arbiter:
         self._asks[policy.key] = ask
         return changed
 
+    def record_variants(self, policy: model.ScalePolicy, decision: types.Decision, *,
+                        held: Mapping[str, tuple[int, int]]) -> bool:
+        """Keep the decision of a model with variants as its demand, look-ahead and
+        variants, `held` giving (ready, starting) per variant name; True when it differs
+        from the last one (re-arbitrate)."""
+        item = engine_variants.VariantModel(
+            key=policy.key, tier=policy.spec.tier, tenant=policy.tenant,
+            cost_center=policy.cost_center,
+            demand=engine_variants.demand_of(policy, decision),
+            lookahead_s=engine_variants.lookahead_of(policy, decision),
+            options=engine_variants.options_of(policy, pools=self._fleet.pools, held=held))
+        changed = self._variants.get(policy.key) != item
+        self._variants[policy.key] = item
+        return changed
+
     def arbitrate(self) -> list[str]:
-        """Arbitrate the latest asks; the keys whose cap changed, to evaluate again."""
-        if not self.active:
+        """Arbitrate the latest asks (and mix the models with variants); the keys whose
+        cap or mix changed, to evaluate again."""
+        if not self.active and not self._variants:
             return []
         pools = [engine_fleet.pool_capacity(pool, excluded_gpus=self._excluded.get(name, 0))
                  for name, pool in self._fleet.pools.items()]
-        grants = engine_fleet.arbitrate(pools, self._budgets, self._asks.values())
+        grants, mixes = engine_variants.settle(pools, self._budgets, asks=list(self._asks.values()),
+                                               models=list(self._variants.values()))
         self.arbitrations += 1
-        moved = sorted(key for key, grant in grants.items()
-                       if key not in self._grants
-                       or self._grants[key].cap_gpus != grant.cap_gpus)
+        moved = {key for key, grant in grants.items()
+                 if engine_variants.SEPARATOR not in key and (key not in self._grants
+                                             or self._grants[key].cap_gpus != grant.cap_gpus)}
+        moved |= {key for key, chosen in mixes.items() if self._mixes.get(key) != chosen}
         self._grants = grants
-        return moved
+        self._mixes = mixes
+        return sorted(moved)
+
+    def mix(self, key: str) -> engine_variants.Mix | None:
+        """The replicas per variant of a model with variants, from the last arbitration."""
+        return self._mixes.get(key)
 
     def asks(self) -> list[engine_fleet.Ask]:
         """The latest ask of every model recorded, by key."""

@@ -232,7 +232,9 @@ class Reactor:
         if self.arbiter.record(policy, decision, cluster, now=now):
             self._fleet.poke("fleet")
         self.state.record_patch(key, str(outcome))
-        if decision.changed:
+        # Guarded: the summary and the extra fields are built before log.info can drop
+        # them, for every changed decision (a third of 10,000 a cycle in the benchmark).
+        if decision.changed and log.isEnabledFor(logging.INFO):
             log.info("%s: %s -> %s", key, decision.summary, outcome,
                      extra={"model": key, "desired": decision.desired,
                             "current": decision.current, "outcome": str(outcome),

@@ -191,6 +191,11 @@ class SignalStore:
         the engine sees a stale value (hold) rather than none.
         """
         latest = self._models.get(model, {}).get((signal, metric))
+        return self._combined(signal, latest, now=now, stale_after_s=stale_after_s)
+
+    def _combined(self, signal: vocabulary.Signal, latest: dict[str, samples.Sample] | None,
+                  *, now: float, stale_after_s: float) -> types.SignalValue | None:
+        """`value` of one series (its latest sample by source), None when never stored."""
         if latest is None:
             return None
         self._expire_sources(latest, now)
@@ -226,10 +231,16 @@ class SignalStore:
         latency_metric: vocabulary.LatencyMetric = vocabulary.DEFAULT_LATENCY_METRIC,
     ) -> types.SignalSnapshot:
         """What the engine sees for `model` at `now`: each demand signal with its age."""
+        # The model's series looked up once, not once per signal (seven a snapshot, one
+        # snapshot per evaluation: 10,000 models a cycle in bench/fleet_scale.py).
+        series = self._models.get(model)
+        if series is None:
+            return types.SignalSnapshot()  # nothing stored: every signal missing
         return types.SignalSnapshot.of({
-            signal: self.value(
-                model, signal, now=now, stale_after_s=stale_after_s,
-                metric=latency_metric if signal is vocabulary.Signal.P95_LATENCY else None)
+            signal: self._combined(
+                signal, series.get((signal, latency_metric if signal is
+                                    vocabulary.Signal.P95_LATENCY else None)),
+                now=now, stale_after_s=stale_after_s)
             for signal in vocabulary.DEMAND_SIGNALS
         })
 

@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -17,13 +17,16 @@ import yaml
 from pydantic import Field
 
 from scaler.core import errors, vocabulary
+from scaler.engine import cost as engine_cost
 from scaler.engine import decide as engine_decide
 from scaler.engine import fleet as engine_fleet
 from scaler.engine import types as engine_types
+from scaler.engine import variants as engine_variants
 from scaler.policy import fleet as policy_fleet
 from scaler.policy import loader
 from scaler.policy import model as policy_model
 from scaler.sim import cluster as sim_cluster
+from scaler.sim import feed as sim_feed
 from scaler.sim import profiles, run, strategies, traces
 from scaler.sim.strategies import scaler as scaler_strategy
 
@@ -100,8 +103,23 @@ class FleetFile(policy_model._Model):
 
 
 @dataclass(frozen=True, slots=True)
+class Part:
+    """One variant of a model with variants (spec.variants): its own replicas, profile and
+    pool, priced at its own GPU-hour. `key` is its Ask's, 'ns/model#variant'."""
+
+    name: str
+    key: str
+    pool: str
+    profile: profiles.ReplicaProfile
+    gpus_per_replica: int
+    capacity: float
+    gpu_hourly: float
+
+
+@dataclass(frozen=True, slots=True)
 class Member:
-    """One model of the fleet, ready to replay."""
+    """One model of the fleet, ready to replay. A model with variants has `parts` (its
+    pool and profile are then its first variant's)."""
 
     policy: policy_model.ScalePolicy
     profile: profiles.ReplicaProfile
@@ -110,10 +128,19 @@ class Member:
     metric: str
     threshold_s: float
     feasible: frozenset[int]
+    parts: tuple[Part, ...] = ()
 
     @property
     def key(self) -> str:
         return self.policy.key
+
+    @property
+    def cluster_keys(self) -> tuple[str, ...]:
+        """Its simulated clusters: one per variant, else one under its own key."""
+        return tuple(p.key for p in self.parts) if self.parts else (self.key,)
+
+    def pool_of(self, cluster_key: str) -> str:
+        return next((p.pool for p in self.parts if p.key == cluster_key), self.pool)
 
     @property
     def tier(self) -> vocabulary.Tier:
@@ -135,7 +162,11 @@ class Fleet:
     budgets: Mapping[str, policy_fleet.GpuBudget]
 
     def members_of(self, pool: str) -> list[Member]:
-        return [m for m in self.members if m.pool == pool]
+        return [m for m in self.members if pool in {m.pool_of(k) for k in m.cluster_keys}]
+
+    def clusters_on(self, pool: str) -> list[tuple[Member, str]]:
+        """Every (model, cluster key) whose replicas run on `pool`."""
+        return [(m, k) for m in self.members for k in m.cluster_keys if m.pool_of(k) == pool]
 
 
 def _at(where: str, field_name: str, *, message: str) -> FleetError:
@@ -224,12 +255,15 @@ def load_fleet(path: Path, *, seed: int = 0) -> Fleet:
     members: list[Member] = []
     for index, entry in enumerate(spec.models):
         policy = _policy_of(where, index=index, entry=entry, base=base)
-        pool_name = _pool_of(where, index=index, policy=policy, pools=pools)
+        parts = _parts_of(where, index=index, policy=policy, pools=pools)
+        pool_name = (parts[0].pool if parts
+                     else _pool_of(where, index=index, policy=policy, pools=pools))
         pool = pools[pool_name]
         policy = policy.model_copy(update={"spec": policy.spec.model_copy(update={
             "cost": policy_model.Cost(gpu_hourly=pool.spec.gpu_hourly)})})
         try:
-            profile = profiles.load_profile(policy.spec.profile or "llama-3.1-8b-h100")
+            profile = (parts[0].profile if parts else
+                       profiles.load_profile(policy.spec.profile or "llama-3.1-8b-h100"))
         except profiles.ProfileError as exc:
             raise _at(where, f"models[{index}].policy", message=str(exc)) from None
         trace = load_source(entry.trace, base=base, seed=seed + index,
@@ -238,15 +272,51 @@ def load_fleet(path: Path, *, seed: int = 0) -> Fleet:
             raise _at(where, f"models[{index}].trace",
                       message=f"no requests in {trace.path}'s slice")
         metric, threshold = run.slo_of(policy)
-        windows = run.feasible(trace, profile=profile, metric=metric, threshold=threshold)
+        # A window is feasible when it is on some variant's hardware: the best achievable.
+        windows = set().union(*(
+            run.feasible(trace, profile=each, metric=metric, threshold=threshold)
+            for each in ([p.profile for p in parts] or [profile])))
         members.append(Member(policy=policy, profile=profile, trace=trace, pool=pool_name,
                               metric=metric, threshold_s=threshold,
-                              feasible=frozenset(windows)))
+                              feasible=frozenset(windows), parts=parts))
     keys = [m.key for m in members]
     twice = sorted({k for k in keys if keys.count(k) > 1})
     if twice:
         raise _at(where, "models", message=f"{', '.join(twice)} named more than once")
     return Fleet(path=str(path), members=tuple(members), pools=pools, budgets=budgets)
+
+
+def _parts_of(where: str, *, index: int, policy: policy_model.ScalePolicy,
+              pools: Mapping[str, policy_fleet.GpuPool]) -> tuple[Part, ...]:
+    """A policy's variants as Parts, each checked against its GpuPool (the policy's own
+    nodePool is not used: each variant names its pool)."""
+    parts = []
+    for number, variant in enumerate(policy.spec.variants):
+        field_name = f"models[{index}].policy: spec.variants[{number}]"
+        pool = pools.get(variant.node_pool)
+        if pool is None:
+            raise _at(where, field_name, message=f"variant {variant.name}: nodePool "
+                      f"{variant.node_pool!r} is not a pool of the fleet "
+                      f"({', '.join(sorted(pools))})")
+        resources = variant.resources
+        if (resources.gpus_per_replica > pool.spec.gpus_per_node
+                or resources.resource_name != pool.spec.resource_name):
+            raise _at(where, field_name, message=f"variant {variant.name}: "
+                      f"{resources.gpus_per_replica} x {resources.resource_name} per replica "
+                      f"does not fit pool {pool.name} ({pool.spec.gpus_per_node} x "
+                      f"{pool.spec.resource_name} per node)")
+        try:
+            profile = profiles.load_profile(variant.profile or policy.spec.profile
+                                            or "llama-3.1-8b-h100")
+        except profiles.ProfileError as exc:
+            raise _at(where, field_name, message=str(exc)) from None
+        parts.append(Part(
+            name=variant.name, key=engine_variants.variant_key(policy.key, variant.name),
+            pool=pool.name, profile=profile, gpus_per_replica=resources.gpus_per_replica,
+            capacity=variant.capacity,
+            gpu_hourly=(variant.gpu_hourly if variant.gpu_hourly is not None
+                        else pool.spec.gpu_hourly)))
+    return tuple(parts)
 
 
 def _pool_of(where: str, *, index: int, policy: policy_model.ScalePolicy,
@@ -502,6 +572,101 @@ class PooledCluster(sim_cluster.SimCluster):
         return serving, held
 
 
+class VariantCluster(PooledCluster):
+    """One variant's replicas of a model with variants: it serves the requests the
+    model's `Router` puts in its `inbox`, not the whole trace (every variant holds the
+    trace's arrays; a request is answered by the one it was routed to)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.inbox: list[int] = []
+        self.routed = 0
+        super().__init__(**kwargs)
+
+    @property
+    def drained(self) -> bool:
+        """Every request routed here has finished."""
+        return self.completed == self.routed
+
+    def run_step(self, now: float) -> None:
+        """As SimCluster's, with the routed requests as this step's arrivals."""
+        routed, self.inbox = self.inbox, []
+        for request in routed:
+            self._route(request)
+        self.routed += len(routed)
+        self.next_arrival = int(np.searchsorted(self.arrival, now, side="right"))
+        self._admit()
+        generated, busy_ready = self._serve(now)
+        self._record(arrivals=len(routed), generated=generated, busy_ready=busy_ready)
+
+
+@dataclass(slots=True)
+class Router:
+    """A model's gateway in front of its variants, as an inference gateway scoring by
+    queue: each arrival goes to the variant with the least load per unit of ready
+    capacity, (queued + running + 1) / (ready replicas x capacity per replica); with no
+    ready replica anywhere, to the variant with the most replicas asked (its pods start
+    for it). Requests a variant's context limit rejects go to the others."""
+
+    parts: tuple[VariantCluster, ...]
+    capacities: tuple[float, ...]
+    next_arrival: int = 0
+
+    def route(self, now: float) -> None:
+        """Route the arrivals up to `now`, and the requests held by a variant scaled to
+        nothing (they would wait there for ever)."""
+        held: list[int] = []
+        for cluster in self.parts:
+            if cluster.gateway and cluster.spec_replicas == 0 and not cluster.ready_slots:
+                held.extend(cluster.gateway)
+                cluster.routed -= len(cluster.gateway)
+                cluster.gateway.clear()
+        end = int(np.searchsorted(self.parts[0].arrival, now, side="right"))
+        loads = [sum(c.load[s] for s in c.ready_slots) for c in self.parts]
+        ready = [len(c.ready_slots) for c in self.parts]
+        fallback = max(range(len(self.parts)),
+                       key=lambda i: (self.parts[i].spec_replicas * self.capacities[i], -i))
+        for request in (*held, *range(self.next_arrival, end)):
+            open_ = [i for i, c in enumerate(self.parts) if not c.rejected[request]]
+            if not open_:
+                continue  # beyond every variant's context: rejected (see `_merged`)
+            served = [i for i in open_ if ready[i]]
+            if served:
+                best = min(served, key=lambda i: (
+                    (loads[i] + 1) / (ready[i] * self.capacities[i]), i))
+                loads[best] += 1
+            else:
+                best = fallback if fallback in open_ else open_[0]
+            self.parts[best].inbox.append(request)
+        self.next_arrival = max(self.next_arrival, end)
+
+
+def _equivalent_state(parts: Sequence[VariantCluster], *, capacities: Sequence[float],
+                      unit: float, start_epoch_s: float, now: float
+                      ) -> engine_types.ClusterState:
+    """A model's variants as `decide` reads replicas: each replica weighs its capacity in
+    units of the policy's own (an H100 replica of 40 requests is 2.5 of a policy at
+    targetPerReplica 16), so current, ready and starting are capacity-equivalent.
+
+    Rounded down: the equivalent never claims more than is held. Rounded to nearest, 6 x
+    2.82 = 16.94 would read 17, the decision 17 x 34 = 578 would be 2 above the 576 held,
+    the mix would add one more replica, and so on each cycle (measured: 14 -> 49)."""
+    states = [sim_feed.cluster_state(c, start_epoch_s=start_epoch_s, now=now) for c in parts]
+    weights = [capacity / unit for capacity in capacities]
+    free = [s.free_replica_slots for s in states]
+
+    def floor(value: float) -> int:
+        return math.floor(value + 1e-9)
+
+    return engine_types.ClusterState(
+        current=floor(sum(s.current * w for s, w in zip(states, weights, strict=True))),
+        ready=floor(sum(s.ready * w for s, w in zip(states, weights, strict=True))),
+        starting=tuple(sorted(t for s, w in zip(states, weights, strict=True)
+                              for t in s.starting for _ in range(max(1, round(w))))),
+        free_replica_slots=(None if any(f is None for f in free) else
+                            sum(int((f or 0) * w) for f, w in zip(free, weights, strict=True))),
+        observations=tuple(o for s in states for o in s.observations)[-20:])
+
+
 # ----- arbitration ---------------------------------------------------------------------------
 
 
@@ -517,12 +682,50 @@ class FleetScaler:
     period_s: float = CYCLE_S
     pools: list[engine_fleet.PoolCapacity] = field(init=False)
     budgets: list[engine_fleet.BudgetRule] = field(init=False)
+    # Per variant (part key): its replicas' reports, published into its model's feed
+    # under sources '<variant>/pod-N', so the model's store sums every variant.
+    part_feeds: dict[str, sim_feed.SignalFeed] = field(init=False)
 
     def __post_init__(self) -> None:
         self.pools = [engine_fleet.pool_capacity(pool)
                       for _, pool in sorted(self.fleet.pools.items())]
         self.budgets = [engine_fleet.budget_rule(budget)
                         for _, budget in sorted(self.fleet.budgets.items())]
+        self.part_feeds = {}
+        for member in self.fleet.members:
+            own = self.engines[member.key].feed
+            for part in member.parts:
+                self.part_feeds[part.key] = sim_feed.SignalFeed(
+                    model_key=member.key, start_epoch_s=own.start_epoch_s,
+                    latency_metric=own.latency_metric, delay_s=own.delay_s,
+                    interval_s=own.interval_s)
+
+    def _variant_snapshot(self, member: Member, parts: Sequence[VariantCluster], *,
+                          now: float) -> engine_types.SignalSnapshot:
+        """What the model's store holds of every variant's reports (as `feed.advance`
+        for one cluster)."""
+        feed = self.engines[member.key].feed
+        if now >= feed.next_publish - 1e-9:
+            samples = [dataclasses.replace(sample, source=f"{part.name}/{sample.source}")
+                       for part, cluster in zip(member.parts, parts, strict=True)
+                       for sample in self.part_feeds[part.key].measure(cluster, now=now)]
+            feed.pending.append((now + feed.delay_s, samples))
+            feed.next_publish = now + feed.interval_s
+        while feed.pending and feed.pending[0][0] <= now + 1e-9:
+            feed.store.put(feed.pending.popleft()[1])
+        return feed.snapshot(now=now, stale_after_s=member.policy.spec.stale_after_seconds)
+
+    def _variant_model(self, member: Member, parts: Sequence[VariantCluster], *,
+                       decision: engine_types.Decision) -> engine_variants.VariantModel:
+        held = {p.name: (len(c.ready_slots), len(c.not_ready))
+                for p, c in zip(member.parts, parts, strict=True)}
+        policy = member.policy
+        return engine_variants.VariantModel(
+            key=member.key, tier=member.tier, tenant=policy.tenant,
+            cost_center=policy.cost_center,
+            demand=engine_variants.demand_of(policy, decision),
+            lookahead_s=engine_variants.lookahead_of(policy, decision),
+            options=engine_variants.options_of(policy, pools=self.fleet.pools, held=held))
 
     def decide(self, clusters: Mapping[str, PooledCluster], *, now: float) -> dict[str, int]:
         """Every model's replicas at `now`: its own decision uncapped (the ask), the
@@ -532,19 +735,41 @@ class FleetScaler:
         asks: list[engine_fleet.Ask] = []
         drafts: dict[str, tuple[engine_types.SignalSnapshot, engine_types.ClusterState,
                                 engine_types.Decision, engine_types.EngineState]] = {}
-        members = [m for m in self.fleet.members if m.key in clusters]
+        members = [m for m in self.fleet.members
+                   if all(k in clusters for k in m.cluster_keys)]
+        mixed: list[engine_variants.VariantModel] = []
+        out: dict[str, int] = {}
         for member in members:
-            engine, cluster = self.engines[member.key], clusters[member.key]
+            engine = self.engines[member.key]
+            epoch = engine.start_epoch_s + now
+            if member.parts:
+                # A model with variants decides once on all of them (capacity-equivalent
+                # replicas), then the fleet step mixes its demand over the variants.
+                parts = [cast(VariantCluster, clusters[k]) for k in member.cluster_keys]
+                decision, engine.state = engine_decide.decide(
+                    member.policy, snapshot=self._variant_snapshot(member, parts, now=now),
+                    cluster=_equivalent_state(
+                        parts, capacities=[p.capacity for p in member.parts],
+                        unit=engine_variants.unit_capacity(member.policy),
+                        start_epoch_s=engine.start_epoch_s, now=now),
+                    state=engine.state, now=epoch)
+                mixed.append(self._variant_model(member, parts, decision=decision))
+                continue
+            cluster = clusters[member.key]
             snapshot = engine.snapshot(cluster, now=now)
             state = engine.cluster_state(cluster, now=now)
-            epoch = engine.start_epoch_s + now
             decision, after = engine_decide.decide(member.policy, snapshot=snapshot,
                                                    cluster=state, state=engine.state, now=epoch)
             asks.append(engine_fleet.ask_of(member.policy, decision, now=epoch))
             drafts[member.key] = (snapshot, state, decision, after)
-        grants = engine_fleet.arbitrate(self.pools, self.budgets, asks)
-        out: dict[str, int] = {}
+        grants, mixes = engine_variants.settle(self.pools, self.budgets, asks=asks,
+                                               models=mixed)
         for member in members:
+            for part in member.parts:
+                out[part.key] = mixes[member.key].replicas[part.name]
+        for member in members:
+            if member.parts:
+                continue
             engine = self.engines[member.key]
             snapshot, state, decision, after = drafts[member.key]
             grant = grants[member.key]
@@ -628,6 +853,23 @@ def _start_replicas(member: Member, pool: sim_cluster.PoolConfig) -> int:
     return run.initial_replicas(member.policy, context.rate_need)
 
 
+def _start_parts(member: Member, fleet: Fleet, *, strategy: str) -> dict[str, int]:
+    """A model with variants starts with its first minute's need (in replicas of its
+    first variant) as a demand, mixed cold over its variants for `scaler`; a baseline
+    scales its first variant alone, as an HPA on one Deployment would."""
+    first = member.parts[0]
+    pool = _pool_config(member, fleet.pools[first.pool])
+    need = _start_replicas(member, pool)
+    if strategy != "scaler":
+        return {p.key: need if p is first else 0 for p in member.parts}
+    options = [engine_variants.Option(
+        name=p.key, capacity=p.capacity, price=p.gpu_hourly * p.gpus_per_replica,
+        room=fleet.pools[p.pool].spec.shareable_gpus // p.gpus_per_replica)
+        for p in member.parts]
+    chosen = engine_variants.mix(options, demand=need * first.capacity, lookahead_s=math.inf)
+    return dict(chosen.replicas)
+
+
 def replay(fleet: Fleet, *, strategy: str, dt: float = 0.1,
            progress: run.Progress | None = None) -> FleetStrategyResult:
     """Every model of the fleet on its pool's shared nodes under one strategy, one clock.
@@ -644,7 +886,28 @@ def replay(fleet: Fleet, *, strategy: str, dt: float = 0.1,
     clusters: dict[str, PooledCluster] = {}
     alone: dict[str, strategies.Strategy] = {}
     engines: dict[str, scaler_strategy.ScalerStrategy] = {}
+    routers: dict[str, Router] = {}
     for member in fleet.members:
+        if member.parts:
+            starts = _start_parts(member, fleet, strategy=strategy)
+            for part in member.parts:
+                pool = _pool_config(member, fleet.pools[part.pool])
+                clusters[part.key] = VariantCluster(
+                    shared=shared[part.pool], trace=member.trace, profile=part.profile,
+                    pool=pool, initial_replicas=starts[part.key], dt=dt,
+                    gpus_per_replica=part.gpus_per_replica, warmup_s=run.WARMUP_S)
+            routers[member.key] = Router(
+                parts=tuple(cast(VariantCluster, clusters[k]) for k in member.cluster_keys),
+                capacities=tuple(p.capacity for p in member.parts))
+            if strategy == "scaler":
+                engines[member.key] = scaler_strategy.ScalerStrategy(
+                    member.policy, start_epoch_s=member.trace.start_s)
+            else:
+                first = member.parts[0]
+                alone[first.key] = run.make_strategy(
+                    strategy, policy=member.policy, profile=first.profile,
+                    trace=member.trace, pool=_pool_config(member, fleet.pools[first.pool]))
+            continue
         pool = _pool_config(member, fleet.pools[member.pool])
         clusters[member.key] = PooledCluster(
             shared=shared[member.pool], trace=member.trace, profile=member.profile,
@@ -680,6 +943,9 @@ def replay(fleet: Fleet, *, strategy: str, dt: float = 0.1,
             if key in active and now >= due[key] - 1e-9 and now >= 0:
                 active[key].scale_to(baseline.decide(active[key], now=now), now=now)
                 due[key] += baseline.period_s
+        for key, router in routers.items():
+            if fleet_member(fleet, key).cluster_keys[0] in active:
+                router.route(now)
         for cluster in active.values():
             cluster.run_step(now)
         for key, cluster in active.items():
@@ -695,16 +961,77 @@ def replay(fleet: Fleet, *, strategy: str, dt: float = 0.1,
         if progress is not None and step % 500 == 0:
             progress(strategy, min(1.0, max(now, 0.0) / max(horizon, 1e-9)))
     models: dict[str, run.StrategyResult] = {}
+    by_variant: dict[str, dict[str, float | int | str]] = {}
     for member in fleet.members:
-        cluster = clusters[member.key]
-        summary = run.summarize(cluster, policy=member.policy, metric=member.metric,
-                                threshold=member.threshold_s,
-                                feasible_windows=set(member.feasible))
+        if member.parts:
+            parts = [cast(VariantCluster, clusters[k]) for k in member.cluster_keys]
+            summary, costs = _merged(member, parts)
+            by_variant.update(costs)
+            shown: PooledCluster = parts[0]  # its arrays hold every variant's answers
+        else:
+            shown = clusters[member.key]
+            summary = run.summarize(shown, policy=member.policy, metric=member.metric,
+                                    threshold=member.threshold_s,
+                                    feasible_windows=set(member.feasible))
         models[member.key] = run.StrategyResult(
-            name=strategy, summary=summary, series=run.series(cluster, metric=member.metric))
-    return FleetStrategyResult(name=strategy, models=models,
-                               fleet=fleet_summary(fleet, models, ledger=ledger),
+            name=strategy, summary=summary, series=run.series(shown, metric=member.metric))
+    result = fleet_summary(fleet, models, ledger=ledger)
+    if by_variant:
+        result["by_variant"] = by_variant
+    return FleetStrategyResult(name=strategy, models=models, fleet=result,
                                pool_series=_pool_series(ledger))
+
+
+def fleet_member(fleet: Fleet, key: str) -> Member:
+    """The model of the fleet with this key."""
+    return next(m for m in fleet.members if m.key == key)
+
+
+def _merged(member: Member, parts: Sequence[VariantCluster]
+            ) -> tuple[dict[str, float | int], dict[str, dict[str, float | int | str]]]:
+    """One summary of a model with variants, and its cost per variant (by part key).
+
+    Each request was answered by the one variant it was routed to: its times are copied
+    into the first variant's arrays (which are then the model's, for the SLO figures), a
+    request is rejected only when every variant's context limit rejects it, and the cost
+    figures are the sums of each variant's GPU time at its own price.
+    """
+    base = parts[0]
+    for other in parts[1:]:
+        mine = other.replica >= 0
+        base.first_token[mine] = other.first_token[mine]
+        base.done[mine] = other.done[mine]
+    base.rejected = np.logical_and.reduce([c.rejected for c in parts])
+    summary = run.summarize(base, policy=member.policy, metric=member.metric,
+                            threshold=member.threshold_s, feasible_windows=set(member.feasible))
+    costs: dict[str, dict[str, float | int | str]] = {}
+    until = member.trace.duration_s
+    for part, cluster in zip(member.parts, parts, strict=True):
+        served = (cluster.replica[cluster.first:] >= 0) & np.isfinite(
+            cluster.done[cluster.first:])
+        if cluster is base:  # its arrays now hold every variant's times
+            served = (base.replica[base.first:] >= 0) & served
+        price = engine_cost.of_gpu_time(
+            allocated_gpu_seconds=cluster.gpu_seconds(until=until),
+            useful_gpu_seconds=cluster.useful_gpu_s, gpu_hourly=part.gpu_hourly,
+            requests=int(served.sum()))
+        costs[part.key] = {
+            "pool": part.pool, "profile": part.profile.name,
+            "completed": int(served.sum()),
+            "gpu_hours": round(price.allocated_gpu_hours, 4), "cost": round(price.cost, 4),
+            "idle_cost": round(price.idle_cost, 4), "max_replicas": cluster.max_spec,
+            "scale_events": cluster.scale_events}
+    total = sum(float(c["cost"]) for c in costs.values())
+    completed = int(summary["completed"])
+    summary.update({
+        "gpu_hours": round(sum(float(c["gpu_hours"]) for c in costs.values()), 4),
+        "cost": round(total, 4),
+        "idle_cost": round(sum(float(c["idle_cost"]) for c in costs.values()), 4),
+        "cost_per_1k_requests": round(total / completed * 1000, 4) if completed else 0.0,
+        "scale_events": sum(int(c["scale_events"]) for c in costs.values()),
+        # The sum of each variant's peak (they need not peak at once).
+        "max_replicas": sum(int(c["max_replicas"]) for c in costs.values())})
+    return summary, costs
 
 
 def _tally(fleet: Fleet, clusters: Mapping[str, PooledCluster], *, ledger: Ledger,
@@ -722,9 +1049,9 @@ def _tally(fleet: Fleet, clusters: Mapping[str, PooledCluster], *, ledger: Ledge
     for name in fleet.pools:
         tiers = ledger.by_tier.setdefault(name, {t.value: [] for t in vocabulary.Tier})
         held_by_tier = dict.fromkeys(tiers, 0)
-        for member in fleet.members_of(name):
-            on_node, held = clusters[member.key].held_gpus()
-            serving[member.key] = on_node
+        for member, key in fleet.clusters_on(name):
+            on_node, held = clusters[key].held_gpus()
+            serving[key] = on_node
             held_by_tier[member.tier.value] += held
         for tier, values in tiers.items():
             values.append(held_by_tier[tier])
@@ -732,12 +1059,12 @@ def _tally(fleet: Fleet, clusters: Mapping[str, PooledCluster], *, ledger: Ledge
     exceeded: list[str] = []
     for name, pool in sorted(fleet.pools.items()):
         if pool.spec.reserved_gpus and sum(
-                serving[m.key] for m in fleet.members_of(name)) > pool.spec.shareable_gpus:
+                serving[k] for _, k in fleet.clusters_on(name)) > pool.spec.shareable_gpus:
             exceeded.extend(f"reservation {name}/{r.name}" for r in pool.spec.reservations)
     for name, budget in sorted(fleet.budgets.items()):
-        covered = [m for m in fleet.members
-                   if budget.covers(m.policy) and budget.spec.pool in (None, m.pool)]
-        if sum(serving[m.key] for m in covered) > budget.spec.max_gpus:
+        covered = [k for m in fleet.members for k in m.cluster_keys
+                   if budget.covers(m.policy) and budget.spec.pool in (None, m.pool_of(k))]
+        if sum(serving[k] for k in covered) > budget.spec.max_gpus:
             exceeded.append(f"budget {name}")
     if exceeded:
         ledger.cycles_over += 1

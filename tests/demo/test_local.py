@@ -77,7 +77,10 @@ def loaded(tmp_path: Path, *texts: str) -> list[policy_model.ScalePolicy]:
 def test_shipped_examples_seed_their_namespaces_targets_and_pools() -> None:
     policies = list(shipped().values())
     seed = local.plan_seed(policies, now=NIGHT, lease_namespace="default")
-    assert seed.namespaces == ("default", "inference")  # the Lease's first: it is created
+    # The Lease's first (it is created), then each policy's namespace once, sorted.
+    namespaces = sorted({p.metadata.namespace for p in policies} - {"default"})
+    assert seed.namespaces == ("default", *namespaces)
+    assert "inference" in namespaces
     targets = {t.name: t for t in seed.targets}
     assert set(targets) == {p.spec.target.name for p in policies}
     # Each at its floor: 70B keeps a warm floor of 2, 8B its min of 1 at night.
@@ -85,10 +88,11 @@ def test_shipped_examples_seed_their_namespaces_targets_and_pools() -> None:
     assert targets["llama-70b"].gpus_per_replica == 8
     assert targets["phi-mini"].resource_name == "nvidia.com/mig-1g.10gb"
     pools = {p.name: p for p in seed.pools}
-    # 70B: max 16 replicas of a whole 8-GPU node each; 8B: 32 single-GPU replicas on
-    # 8-GPU nodes = 4; phi: 24 MIG slices fit one 56-slice node.
+    # 70B: max 16 replicas of a whole 8-GPU node each; 8B's 32 and the batch summaries'
+    # 16 single-GPU replicas share h100-pool: 48 on 8-GPU nodes = 6; phi: 24 MIG slices
+    # fit one 56-slice node.
     assert {name: p.nodes for name, p in pools.items()} == {
-        "h100-tp8": 16, "h100-pool": 4, "a100-mig": 1}
+        "h100-tp8": 16, "h100-pool": 6, "a100-mig": 1}
     assert pools["a100-mig"].resource_names == ("nvidia.com/mig-1g.10gb",)
     assert seed.skipped == ()
 
