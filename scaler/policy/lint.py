@@ -15,18 +15,27 @@ def warnings(policy: model.ScalePolicy) -> list[str]:
     longer than 2.5 s, and a p95 interpolated inside the bucket (as Prometheus'
     histogram_quantile does) reads high. An SLO on an edge is read exactly.
     """
+    found = _variant_warnings(policy)
     guard = policy.spec.signals.p95_latency
     if guard is None or guard.metric is not vocabulary.LatencyMetric.TTFT:
-        return []
+        return found
     edges = histogram.VLLM_TTFT_BUCKETS
     slo = guard.slo_seconds
     if slo in edges or slo > edges[-1]:
-        return []
+        return found
     upper = min(edge for edge in edges if edge > slo)
     lower = max((edge for edge in edges if edge < slo), default=0.0)
-    return [
+    return [*found,
         f"{policy.key}: signals.p95Latency.sloSeconds {slo:g} lies inside vLLM's TTFT bucket "
         f"({lower:g}, {upper:g}]: the guard confirms a violation only when more than 5 % of "
         f"requests exceed {upper:g} s (an interpolated p95 reads high there). An SLO on a "
         f"bucket edge ({lower:g} or {upper:g}) is read exactly."
     ]
+
+
+def _variant_warnings(policy: model.ScalePolicy) -> list[str]:
+    """Variants are mixed by the fleet replay, not yet by the service (docs/scaling.md)."""
+    if not policy.spec.variants:
+        return []
+    return [f"{policy.key}: spec.variants is used by `scaler simulate --fleet` only; the "
+            "service still scales spec.target alone (docs/scaling.md, Variants)"]

@@ -27,7 +27,7 @@ POOLS = [
 
 def _policy(variants: list[dict[str, Any]]) -> dict[str, Any]:
     document: dict[str, Any] = yaml.safe_load(
-        (REPO / "loadtests" / "fleet" / "config" / "variants-models.yaml").read_text()
+        (REPO / "loadtests" / "fleet" / "variants-config" / "models.yaml").read_text()
         .split("\n---\n")[0])
     document["spec"]["variants"] = variants
     return document
