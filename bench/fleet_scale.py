@@ -176,7 +176,7 @@ class Instance:
 
 def arbitrate_alone(instance: Instance) -> float:
     """CPU seconds of `arbitrate` over the asks the arbiter holds."""
-    pools = [engine_fleet.pool_capacity(p) for p in instance.fleet.pools.values()]
+    pools = [engine_fleet.fleet_pool(p) for p in instance.fleet.pools.values()]
     budgets = [engine_fleet.budget_rule(b) for b in instance.fleet.budgets.values()]
     asks = instance.arbiter.asks()
     started = time.process_time()

@@ -328,7 +328,7 @@ class KubeClusterReader:
     def usable_gpus(self, *, node_selector: Mapping[str, str], resource_name: str,
                     device_class_name: str | None = None) -> int | None:
         """GPUs of a pool that can serve now: on Ready, uncordoned nodes, without DCGM
-        health errors, in use or not (the fleet step's `PoolCapacity.gpus`); None when
+        health errors, in use or not (the fleet step's `FleetPool.gpus`); None when
         unknown (a DRA class not found). 3 nodes of 8, one cordoned, one GPU with XID 79:
         15."""
         reading = self.pool_reading(node_selector=node_selector, resource_name=resource_name,

@@ -417,7 +417,8 @@ def stabilize_count(draft: Draft) -> str:
     if draft.spec.restart_aware:
         down_window, hold = restart_hold(draft)
     history = draft.state.recommendations
-    if not draft.backlogged or (draft.draining and not draft.held_to_load):
+    if ((not draft.backlogged or (draft.draining and not draft.held_to_load))
+            and any(r.load is not None for r in history)):  # no copy when none has one
         # A backlog is a one-off need: once it is worked off (no reading above load +
         # draining), the window remembers the load of its time, so replicas bought to
         # drain it go now, not a window later.

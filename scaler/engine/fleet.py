@@ -52,7 +52,7 @@ _TIER_RANK = {tier: rank for rank, tier in enumerate(TIER_ORDER)}
 
 
 @dataclass(frozen=True, slots=True)
-class PoolCapacity:
+class FleetPool:
     """A GPU pool now: `gpus` usable (healthy, schedulable), of which `reserved` are held
     for work the scaler does not scale (training) and never granted."""
 
@@ -224,7 +224,7 @@ class _Ledger:
 
 
 def arbitrate(
-    pools: Iterable[PoolCapacity], budgets: Iterable[BudgetRule], asks: Iterable[Ask]
+    pools: Iterable[FleetPool], budgets: Iterable[BudgetRule], asks: Iterable[Ask]
 ) -> dict[str, Grant]:
     """Grants for every ask, by key (see the module docstring for the rules)."""
     pool_list = list(pools)
@@ -391,7 +391,7 @@ def _attribute(slots: Sequence[_Slot]) -> None:
                     index += 1
 
 
-def _reason(slot: _Slot, ledger: _Ledger, pools: Mapping[str, PoolCapacity],
+def _reason(slot: _Slot, ledger: _Ledger, pools: Mapping[str, FleetPool],
             floors_over: Mapping[str, int]) -> str:
     """'capped by tenant search: 16 of 16 GPUs; batch model ns/x gave 2', or for a model
     granted its whole ask, what it got and where from."""
@@ -410,7 +410,7 @@ def _reason(slot: _Slot, ledger: _Ledger, pools: Mapping[str, PoolCapacity],
     return "; ".join(parts + slot.gave)
 
 
-def _binding(slot: _Slot, ledger: _Ledger, pool: PoolCapacity | None,
+def _binding(slot: _Slot, ledger: _Ledger, pool: FleetPool | None,
              floors_over: Mapping[str, int]) -> str:
     """What stopped a model short of its ask: a ceiling, a guarantee it may not borrow
     beyond, floors over the pool, or the pool itself (checked in that order)."""
@@ -438,7 +438,7 @@ def _binding(slot: _Slot, ledger: _Ledger, pool: PoolCapacity | None,
     return text
 
 
-def _reserved(pool: PoolCapacity) -> str:
+def _reserved(pool: FleetPool) -> str:
     return f" ({pool.gpus} less {pool.reserved} reserved)" if pool.reserved else ""
 
 
@@ -450,8 +450,8 @@ def budget_rule(budget: policy_fleet.GpuBudget) -> BudgetRule:
         guaranteed=spec.guaranteed_gpus, ceiling=spec.max_gpus, borrow=spec.borrow)
 
 
-def pool_capacity(pool: policy_fleet.GpuPool, *, excluded_gpus: int = 0) -> PoolCapacity:
+def fleet_pool(pool: policy_fleet.GpuPool, *, excluded_gpus: int = 0) -> FleetPool:
     """A GpuPool's GPUs (gpusPerNode x maxNodes, less those the latest cluster read
     excluded for health errors: a simulated pool excludes none) and its reservations."""
-    return PoolCapacity(name=pool.name, gpus=max(0, pool.spec.total_gpus - excluded_gpus),
+    return FleetPool(name=pool.name, gpus=max(0, pool.spec.total_gpus - excluded_gpus),
                         reserved=pool.spec.reserved_gpus)

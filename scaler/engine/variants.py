@@ -208,7 +208,7 @@ def _asks(item: VariantModel, chosen: Mix) -> list[engine_fleet.Ask]:
             for o in item.options]
 
 
-def settle(pools: Sequence[engine_fleet.PoolCapacity],
+def settle(pools: Sequence[engine_fleet.FleetPool],
            budgets: Sequence[engine_fleet.BudgetRule], *, asks: Sequence[engine_fleet.Ask],
            models: Sequence[VariantModel]
            ) -> tuple[dict[str, engine_fleet.Grant], dict[str, Mix]]:

@@ -111,7 +111,7 @@ class Arbiter:
         cap or mix changed, to evaluate again."""
         if not self.active and not self._variants:
             return []
-        pools = [engine_fleet.pool_capacity(pool, excluded_gpus=self._excluded.get(name, 0))
+        pools = [engine_fleet.fleet_pool(pool, excluded_gpus=self._excluded.get(name, 0))
                  for name, pool in self._fleet.pools.items()]
         grants, mixes = engine_variants.settle(pools, self._budgets, asks=list(self._asks.values()),
                                                models=list(self._variants.values()))

@@ -680,14 +680,14 @@ class FleetScaler:
     fleet: Fleet
     engines: dict[str, scaler_strategy.ScalerStrategy]
     period_s: float = CYCLE_S
-    pools: list[engine_fleet.PoolCapacity] = field(init=False)
+    pools: list[engine_fleet.FleetPool] = field(init=False)
     budgets: list[engine_fleet.BudgetRule] = field(init=False)
     # Per variant (part key): its replicas' reports, published into its model's feed
     # under sources '<variant>/pod-N', so the model's store sums every variant.
     part_feeds: dict[str, sim_feed.SignalFeed] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.pools = [engine_fleet.pool_capacity(pool)
+        self.pools = [engine_fleet.fleet_pool(pool)
                       for _, pool in sorted(self.fleet.pools.items())]
         self.budgets = [engine_fleet.budget_rule(budget)
                         for _, budget in sorted(self.fleet.budgets.items())]

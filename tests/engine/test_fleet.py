@@ -25,8 +25,8 @@ def ask(key: str, desired: int, *, tier: vocabulary.Tier = ONLINE, pool: str | N
                      current=desired if current is None else current)
 
 
-def pool(gpus: int, reserved: int = 0, name: str = "p") -> fleet.PoolCapacity:
-    return fleet.PoolCapacity(name=name, gpus=gpus, reserved=reserved)
+def pool(gpus: int, reserved: int = 0, name: str = "p") -> fleet.FleetPool:
+    return fleet.FleetPool(name=name, gpus=gpus, reserved=reserved)
 
 
 def budget(name: str, *, guaranteed: int = 0, ceiling: int | None = None, borrow: bool = True,
@@ -97,7 +97,7 @@ TABLE = [
 
 
 @pytest.mark.parametrize(("pools", "budgets", "asks", "expected"), TABLE)
-def test_arbitration_table(pools: list[fleet.PoolCapacity], budgets: list[fleet.BudgetRule],
+def test_arbitration_table(pools: list[fleet.FleetPool], budgets: list[fleet.BudgetRule],
                            asks: list[fleet.Ask], expected: dict[str, int]) -> None:
     assert replicas(fleet.arbitrate(pools, budgets, asks)) == expected
 
@@ -218,9 +218,9 @@ TENANTS = ("t0", "t1", "t2")
 
 
 @st.composite
-def fleets(draw: st.DrawFn) -> tuple[list[fleet.PoolCapacity], list[fleet.BudgetRule],
+def fleets(draw: st.DrawFn) -> tuple[list[fleet.FleetPool], list[fleet.BudgetRule],
                                      list[fleet.Ask]]:
-    pools = [fleet.PoolCapacity(name=name, gpus=draw(st.integers(0, 48)),
+    pools = [fleet.FleetPool(name=name, gpus=draw(st.integers(0, 48)),
                                 reserved=draw(st.integers(0, 8))) for name in ("p", "q")]
     budgets = [fleet.BudgetRule(name=tenant, tenant=tenant,
                                 pool=draw(st.sampled_from(["p", "q"])),
@@ -243,7 +243,7 @@ def fleets(draw: st.DrawFn) -> tuple[list[fleet.PoolCapacity], list[fleet.Budget
 @settings(max_examples=250, deadline=None)
 @given(fleets())
 def test_arbitration_properties(
-    case: tuple[list[fleet.PoolCapacity], list[fleet.BudgetRule], list[fleet.Ask]],
+    case: tuple[list[fleet.FleetPool], list[fleet.BudgetRule], list[fleet.Ask]],
 ) -> None:
     pools, budgets, asks = case
     grants = fleet.arbitrate(pools, budgets, asks)
@@ -318,7 +318,7 @@ def _over_a_ceiling(a: fleet.Ask, covering: list[fleet.BudgetRule],
 @settings(max_examples=100, deadline=None)
 @given(fleets(), st.randoms(use_true_random=False))
 def test_arbitration_is_deterministic(
-    case: tuple[list[fleet.PoolCapacity], list[fleet.BudgetRule], list[fleet.Ask]],
+    case: tuple[list[fleet.FleetPool], list[fleet.BudgetRule], list[fleet.Ask]],
     shuffler: random.Random,
 ) -> None:
     pools, budgets, asks = case

@@ -151,7 +151,7 @@ def _model(key: str, demand: float, *options: variants.Option) -> variants.Varia
 
 
 def test_each_variant_is_an_ask_on_its_pool() -> None:
-    pools = [fleet.PoolCapacity(name=n, gpus=16) for n in ("h100", "a100", "l40s")]
+    pools = [fleet.FleetPool(name=n, gpus=16) for n in ("h100", "a100", "l40s")]
     grants, mixes = variants.settle(pools, [], asks=[],
                                     models=[_model("ns/m", 100, opt(H100), opt(A100), opt(L40S))])
     assert dict(mixes["ns/m"].replicas) == {"h100": 0, "a100": 4, "l40s": 1}
@@ -161,7 +161,7 @@ def test_each_variant_is_an_ask_on_its_pool() -> None:
 
 def test_a_variant_capped_by_its_pool_moves_its_shortfall_to_the_next_cheapest() -> None:
     # Another online model holds 14 of the A100 pool's 16 GPUs: 2 are left for ns/m.
-    pools = [fleet.PoolCapacity(name=n, gpus=16) for n in ("h100", "a100", "l40s")]
+    pools = [fleet.FleetPool(name=n, gpus=16) for n in ("h100", "a100", "l40s")]
     other = fleet.Ask(key="ns/other", pool="a100", tier=vocabulary.Tier.ONLINE, tenant=None,
                       cost_center=None, gpus_per_replica=1, floor=14, desired=14, current=14)
     grants, mixes = variants.settle(pools, [], asks=[other],
@@ -173,7 +173,7 @@ def test_a_variant_capped_by_its_pool_moves_its_shortfall_to_the_next_cheapest()
 
 
 def test_a_budget_cap_binds_each_variant_as_any_ask() -> None:
-    pools = [fleet.PoolCapacity(name=n, gpus=16) for n in ("h100", "a100")]
+    pools = [fleet.FleetPool(name=n, gpus=16) for n in ("h100", "a100")]
     budget = fleet.BudgetRule(name="t", tenant="t", pool="a100", ceiling=3, borrow=True)
     item = variants.VariantModel(key="ns/m", tier=vocabulary.Tier.ONLINE, tenant="t",
                                  cost_center=None, demand=100, lookahead_s=600,
