@@ -49,7 +49,8 @@ def quality_bar(result: fleet.FleetResult) -> list[tuple[str, str, bool]]:
     if "batch" in tiers:
         batch = tiers["batch"]
         lines.append(("batch absorbs the shortfall (its windows met, unfinished requests)",
-                      f"{batch['p95_windows_met']:.3f}, {batch['unfinished']} unfinished",
+                      f"{batch['p95_windows_met']:.3f}, {batch['unfinished']} unfinished "
+                      f"({batch.get('interrupted_requests', 0)} cut by scale-downs)",
                       batch["p95_windows_met"] <= online))
     taken = {k: v for k, v in scaler["violations_by"].items() if k.startswith("reservation")}
     lines.append(("reservation never taken (cycles over)", str(sum(taken.values())), not taken))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -57,6 +58,16 @@ class ReplicaActuator(Protocol):
     """Writes a decision's replicas to the target's scale subresource (or would, in dry-run)."""
 
     async def apply(self, policy: model.ScalePolicy, decision: types.Decision) -> ApplyOutcome: ...
+
+
+@runtime_checkable
+class MixActuator(Protocol):
+    """Writes several targets' decisions as one change (a model's variants): every target
+    is checked (leader, owner, replicas as decided on) before any is written, so a refusal
+    found by the checks writes none. One outcome per part, in order."""
+
+    async def apply_all(self, parts: Sequence[tuple[model.ScalePolicy, types.Decision]]
+                        ) -> list[ApplyOutcome]: ...
 
 
 @runtime_checkable

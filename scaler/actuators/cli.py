@@ -28,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                        "cluster_wide, lease, placeholder); the flags below override it")
     rules.add_argument("--policies", type=Path, action="append", default=[], metavar="PATH",
                        help="policy files or folders: their namespaces get the target Roles "
-                       "when kube.watch_namespaces is empty")
+                       "when kube.watch_namespaces is empty, and their targets' kinds "
+                       "(spec.target and each variant's) their scale rules")
     rules.add_argument("--watch-namespace", action="append", default=[], metavar="NS",
                        dest="watch_namespaces", help="a namespace with targets (repeat)")
     rules.add_argument("--cluster-wide", action="store_true",
@@ -93,7 +94,10 @@ def _rbac(args: argparse.Namespace) -> int:
             policy_namespaces=[p.metadata.namespace for p in policies.policies],
             clusterapi=args.clusterapi or bool(args.clusterapi_namespace),
             metrics_api=not args.no_metrics_api,
-            extra_scale_targets=[rbac.ScaleTarget.parse(t) for t in args.scale_target],
+            extra_scale_targets=list(dict.fromkeys([
+                *(rbac.ScaleTarget.parse(t) for t in args.scale_target),
+                *rbac.policy_scale_targets(policies.policies,
+                                           plurals=settings.resource_plurals)])),
             policy_resources=args.policy_resources)
     except ValueError as error:
         print(f"scaler kube rbac: {error}", file=sys.stderr)

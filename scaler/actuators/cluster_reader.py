@@ -119,7 +119,8 @@ class KubeClusterReader:
         self.classes: watch.Informer | None = None
         self.claims: dict[str, watch.Informer] = {}
         self._dra_tasks: dict[str, asyncio.Task[None]] = {}
-        # policy key -> the exclusion notes last posted as an Event for it
+        # target key -> the exclusion notes last posted as an Event on it (a policy with
+        # variants has one target per variant, each on its own pool)
         self._posted: dict[str, tuple[str, ...]] = {}
         # namespace (ALL_NAMESPACES when cluster-wide) -> its pod informer and task
         self.pods: dict[str, watch.Informer] = {}
@@ -349,9 +350,9 @@ class KubeClusterReader:
                         reading: PoolReading) -> None:
         """An Event on the target when what its pool excludes changes (both ways)."""
         notes = tuple(e.text for e in reading.exclusions)
-        if self._posted.get(policy.key, ()) == notes:
+        if self._posted.get(ref.key, ()) == notes:
             return
-        self._posted[policy.key] = notes
+        self._posted[ref.key] = notes
         if self.recorder is None:
             return
         pool = policy.spec.node_pool.name if policy.spec.node_pool else ""

@@ -1,5 +1,5 @@
-"""ScalePolicy resources: list/watch them as a policy source, and write their `/status`
-(leader only, rate-limited)."""
+"""ScalePolicy, GpuPool and GpuBudget resources: list/watch them as a source beside the
+files, and write their `/status` (leader only, rate-limited)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 from scaler.actuators import base, events, resources, watch
 from scaler.actuators import client as kube
 from scaler.actuators import settings as kube_settings
-from scaler.policy import crd, loader, model
+from scaler.policy import crd, loader
 
 log = logging.getLogger(__name__)
 
@@ -25,15 +25,84 @@ Note = tuple[str, str, bool]
 
 def collection(namespace: str | None) -> str:
     """The ScalePolicy collection: in one namespace, or in all (None)."""
-    root = f"/apis/{crd.API_VERSION}"
-    return f"{root}/{crd.PLURAL}" if namespace is None else (
-        f"{root}/namespaces/{namespace}/{crd.PLURAL}")
+    return crd.SCALE_POLICY.collection(namespace)
+
+
+class Resources:
+    """Every resource of one kind in `scopes` (namespaces; None: all of them, or the
+    cluster for a cluster-scoped kind), kept current by informers.
+
+    `optional`: the kind may not be served (its CRD not installed yet: Helm installs the
+    chart's crds/ only on a first install) or not granted; `start` then does not wait for
+    it, and its informers keep listing (with backoff) until it is.
+    """
+
+    def __init__(self, api: kube.KubeApi, *, kind: crd.Kind, scopes: tuple[str | None, ...],
+                 settings: kube_settings.KubeSettings, optional: bool = False) -> None:
+        self.kind = kind
+        self.optional = optional
+        self.informers = [watch.Informer(api, path=kind.collection(namespace),
+                                         settings=settings) for namespace in scopes]
+
+    def objects(self) -> dict[str, kube.Obj]:
+        """resource path (`Kind.resource_path`) -> the object as last seen."""
+        found = {}
+        for informer in self.informers:
+            for obj in informer.objects.values():
+                meta = obj.get("metadata") or {}
+                namespace = str(meta.get("namespace")) if self.kind.namespaced else None
+                found[self.kind.resource_path(namespace, str(meta.get("name")))] = obj
+        return found
+
+    def fingerprint(self) -> tuple[tuple[str, str], ...]:
+        """(resource path, what the document is read from) of every resource: changes when
+        a spec or labels do, not when only status does (our own writes must not reload)."""
+        prints = []
+        for path, obj in self.objects().items():
+            meta = obj.get("metadata") or {}
+            prints.append((path, json.dumps([meta.get("labels"), obj.get("spec")],
+                                            sort_keys=True)))
+        return tuple(sorted(prints))
+
+    def load(self) -> loader.LoadResult:
+        """Every resource parsed, in path order (the order collisions between resources
+        are resolved in, as files load in path order)."""
+        result = loader.LoadResult()
+        for _, obj in sorted(self.objects().items()):
+            result.extend(crd.parse_resource(obj, self.kind))
+        return result
+
+    def unavailable(self) -> kube.KubeError | None:
+        """Why the kind cannot be listed (404: not served, 403: not granted), None when it
+        was listed or the failure is another (retried)."""
+        for informer in self.informers:
+            error = informer.last_error
+            if not informer.synced.is_set() and error is not None and error.status in (
+                    403, 404):
+                return error
+        return None
+
+    async def ready(self) -> None:
+        """Until every informer has listed once, or (optional) the kind is unavailable."""
+        while not all(each.synced.is_set() for each in self.informers):
+            error = self.unavailable() if self.optional else None
+            if error is not None:
+                log.warning("%s resources cannot be read (%s): they are read once they can "
+                            "be; until then, only files define them (install %s and the "
+                            "chart's RBAC)", self.kind.kind, error, self.kind.chart_file)
+                return
+            await asyncio.sleep(_SYNC_POLL_S)
+
+
+_SYNC_POLL_S = 0.02
+"""How often `Resources.ready` looks at its informers, seconds: a list takes a few ms."""
 
 
 class PolicyResources:
     """Every ScalePolicy resource in the watched namespaces (all when `namespaces` is
-    empty), kept current by informers. `fingerprint()` changes with any spec, so the policy
-    watcher knows when to load again; `load()` parses them (pure, from the local copy)."""
+    empty), and every GpuPool and GpuBudget (cluster-scoped), kept current by informers.
+    `fingerprint()` changes with any spec, so the policy watcher knows when to load again;
+    `load()` parses them (pure, from the local copy)."""
 
     def __init__(self, api: kube.KubeApi, *, settings: kube_settings.KubeSettings) -> None:
         # The namespaces RBAC grants (`scaler kube rbac`: the targets' Roles), else all
@@ -42,27 +111,28 @@ class PolicyResources:
         scopes: tuple[str | None, ...] = (
             (None,) if settings.cluster_wide or not settings.watch_namespaces
             else settings.watch_namespaces)
-        self.informers = [watch.Informer(api, path=collection(namespace), settings=settings)
-                          for namespace in scopes]
+        self.policies = Resources(api, kind=crd.SCALE_POLICY, scopes=scopes, settings=settings)
+        # Optional: a cluster upgraded from a chart without their CRDs still runs.
+        self.fleet = tuple(Resources(api, kind=kind, scopes=(None,), settings=settings,
+                                     optional=True) for kind in crd.FLEET_KINDS)
         self._tasks: list[asyncio.Task[None]] = []
 
-    def fingerprint(self) -> tuple[tuple[str, str], ...]:
-        """(resource path, what the policy is read from) of every resource: changes when a
-        spec or labels do, not when only status does (our own writes must not reload)."""
-        prints = []
-        for path, obj in self.objects().items():
-            meta = obj.get("metadata") or {}
-            prints.append((path, json.dumps([meta.get("labels"), obj.get("spec")],
-                                            sort_keys=True)))
-        return tuple(sorted(prints))
+    @property
+    def _all(self) -> tuple[Resources, ...]:
+        return (self.policies, *self.fleet)
+
+    def fingerprint(self) -> tuple[tuple[tuple[str, str], ...], ...]:
+        """Changes when a spec or labels of any of the resources do, not on status writes."""
+        return tuple(each.fingerprint() for each in self._all)
 
     async def start(self, *, timeout_s: float = 10.0) -> None:
         """Start the informers and wait for their first lists (policies before leading)."""
-        self._tasks = [asyncio.create_task(each.run(), name=f"scalepolicies:{each.path}")
-                       for each in self.informers]
+        self._tasks = [asyncio.create_task(informer.run(), name=f"{each.kind.plural}:"
+                                           f"{informer.path}")
+                       for each in self._all for informer in each.informers]
         async with asyncio.timeout(timeout_s):
-            for each in self.informers:
-                await each.synced.wait()
+            for each in self._all:
+                await each.ready()
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -73,22 +143,19 @@ class PolicyResources:
         self._tasks = []
 
     def objects(self) -> dict[str, kube.Obj]:
-        """resource path (crd.resource_path) -> the object as last seen."""
-        found = {}
-        for informer in self.informers:
-            for obj in informer.objects.values():
-                meta = obj.get("metadata") or {}
-                found[crd.resource_path(str(meta.get("namespace")), str(meta.get("name")))] = obj
-        return found
+        """ScalePolicy resource path (crd.resource_path) -> the object as last seen."""
+        return self.policies.objects()
+
+    def fleet_objects(self) -> dict[str, tuple[crd.Kind, kube.Obj]]:
+        """GpuPool and GpuBudget resource path (gpupools/<name>) -> its kind and object."""
+        return {path: (each.kind, obj) for each in self.fleet
+                for path, obj in each.objects().items()}
 
     def load(self) -> loader.LoadResult:
-        """Every resource parsed, in name order (the order collisions between resources are
-        resolved in, as files load in path order)."""
+        """Every resource parsed: policies, then pools, then budgets, each in path order."""
         result = loader.LoadResult()
-        for _, obj in sorted(self.objects().items()):
-            part = crd.parse_resource(obj)
-            result.loaded.extend(part.loaded)
-            result.errors.extend(part.errors)
+        for each in self._all:
+            result.extend(each.load())
         return result
 
 
@@ -99,7 +166,8 @@ class _Written:
 
 
 class StatusWriter:
-    """Writes a ScalePolicy's `/status` by merge patch, leader only.
+    """Writes a ScalePolicy's (or a GpuPool's, a GpuBudget's) `/status` by merge patch,
+    leader only.
 
     At most once per `min_interval_s` per policy (10 s: a decision every 200 ms would
     otherwise mean 5 writes a second per model, each a watch event to every client);
@@ -129,14 +197,15 @@ class StatusWriter:
         return (self.transitions(last.status, status)
                 or self.clock() - last.at >= self.min_interval_s)
 
-    async def write(self, *, namespace: str, name: str, status: Mapping[str, Any],
-                    uid: str | None = None, notes: tuple[Note, ...] = ()) -> bool:
+    async def write(self, *, namespace: str | None, name: str, status: Mapping[str, Any],
+                    uid: str | None = None, notes: tuple[Note, ...] = (),
+                    kind: crd.Kind = crd.SCALE_POLICY) -> bool:
         """Write `status` if due, then post `notes` as Events on the resource (`kubectl
         describe` shows both); True when written. Errors are logged, not raised."""
-        path = crd.resource_path(namespace, name)
+        path = kind.resource_path(namespace, name)
         if not self.leader.is_leader or not self.due(path, status):
             return False
-        url = f"{collection(namespace)}/{name}/status"
+        url = f"{kind.collection(namespace)}/{name}/status"
         body = dict(status)
         last = self._written.get(path)
         for gone in (last.status if last is not None else {}):
@@ -147,13 +216,13 @@ class StatusWriter:
             if error.not_found:  # deleted meanwhile: nothing to report on
                 self._written.pop(path, None)
                 return False
-            log.warning("ScalePolicy %s/%s: status not written: %s", namespace, name, error)
+            log.warning("%s %s: status not written: %s", kind.kind, path, error)
             return False
         self._written[path] = _Written(status=status, at=self.clock())
         self.writes += 1
-        if self.recorder is not None:
-            ref = resources.ObjectRef(api_version=crd.API_VERSION, kind=model.KIND,
-                                      plural=crd.PLURAL, namespace=namespace, name=name)
+        if self.recorder is not None and namespace is not None:
+            ref = resources.ObjectRef(api_version=crd.API_VERSION, kind=kind.kind,
+                                      plural=kind.plural, namespace=namespace, name=name)
             for reason, message, warning in notes:
                 await self.recorder.record(ref, reason=reason, message=message,
                                            warning=warning, uid=uid)

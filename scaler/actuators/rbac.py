@@ -4,7 +4,7 @@ Helm chart renders the same objects, and tests check both against every request 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -12,11 +12,13 @@ from typing import Any, Literal
 import pydantic
 import yaml
 
+from scaler.actuators import resources
 from scaler.actuators import settings as kube_settings
 from scaler.core import errors
+from scaler.policy import model
 
 Scope = Literal["cluster", "targets", "lease", "placeholder", "clusterapi", "capacitybuffer",
-                "policies", "deletioncost"]
+                "policies", "deletioncost", "fleet"]
 Obj = dict[str, Any]  # one manifest, as YAML loads it
 
 API_VERSION = "rbac.authorization.k8s.io/v1"
@@ -63,6 +65,10 @@ RULES: tuple[Rule, ...] = (
          "targets' rules, where the targets are)"),
     Rule("scaler.io", ("scalepolicies/status",), ("patch",), "policies",
          "the leader writes each ScalePolicy resource's status"),
+    Rule("scaler.io", ("gpupools", "gpubudgets"), ("list", "watch"), "fleet",
+         "GpuPool and GpuBudget resources (only with policies.resources; cluster-scoped)"),
+    Rule("scaler.io", ("gpupools/status", "gpubudgets/status"), ("patch",), "fleet",
+         "the leader writes each GpuPool's and GpuBudget's Valid condition"),
     Rule("coordination.k8s.io", ("leases",), ("get", "create", "update"), "lease",
          "leader election on one Lease"),
     Rule("apps", ("deployments",), ("get", "create", "patch"), "placeholder",
@@ -174,6 +180,22 @@ def plan(settings: kube_settings.KubeSettings, *, name: str, namespace: str,
         policy_resources=policy_resources, deletion_cost=settings.deletion_cost.enabled)
 
 
+def policy_scale_targets(policies: Iterable[model.ScalePolicy], *,
+                         plurals: Mapping[str, str] | None = None) -> tuple[ScaleTarget, ...]:
+    """The scale subresources of the policies' targets, spec.target and every variant's
+    (spec.variants), that `RULES` does not grant already: a variant on a CRD kind
+    (example.com Llama) is granted with its policy, as llamas/scale. Sorted, once each."""
+    granted = {(rule.api_group, resource) for rule in RULES if rule.scope == "targets"
+               for resource in rule.resources}
+    wanted: set[tuple[str, str]] = set()
+    for policy in policies:
+        for target in (policy.spec.target, *(v.target for v in policy.spec.variants)):
+            plural = resources.target_plural(target, plurals=plurals)
+            if (target.group, f"{plural}/scale") not in granted:
+                wanted.add((target.group, plural))
+    return tuple(ScaleTarget(group, (plural,)) for group, plural in sorted(wanted))
+
+
 def _rules(scope: Scope, extra: Sequence[ScaleTarget] = ()) -> list[Obj]:
     rules: list[Obj] = [{"apiGroups": [r.api_group], "resources": list(r.resources),
                          "verbs": list(r.verbs)} for r in RULES if r.scope == scope]
@@ -211,6 +233,7 @@ def manifests(grants: Plan) -> list[Obj]:
     targets = _rules("targets", grants.extra_scale_targets)
     if grants.policy_resources:
         targets += _rules("policies")
+        documents += _role(f"{name}-fleet", None, _rules("fleet"), subject)
     if grants.deletion_cost:
         targets += _rules("deletioncost")
     if grants.cluster_wide:

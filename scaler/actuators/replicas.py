@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from scaler.actuators import base, deletion_cost, resources, timefmt
@@ -52,6 +52,24 @@ class Written:
     outcome: base.Outcome
     current: int
     reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """A decision that passed every check before its write, with the Scale as read."""
+
+    policy: model.ScalePolicy
+    decision: types.Decision
+    ref: resources.ObjectRef
+    scale: kube.Obj
+
+    @property
+    def current(self) -> int:
+        return spec_replicas(self.scale)
+
+    def outcome(self, kind: base.Outcome, reason: str) -> base.ApplyOutcome:
+        return base.ApplyOutcome(kind, self.ref.key, self.current, self.decision.desired,
+                                 reason)
 
 
 def replicas_patch(*, read: kube.Obj, replicas: int,
@@ -164,8 +182,11 @@ class KubeReplicaActuator:
         return next((owner for owner, target in cached.refs
                      if resources.same_target(ref, target)), None)
 
-    async def apply(self, policy: model.ScalePolicy, decision: types.Decision
-                    ) -> base.ApplyOutcome:
+    async def _check(self, policy: model.ScalePolicy, decision: types.Decision
+                     ) -> _Checked | base.ApplyOutcome:
+        """Everything before the write: leader, owner, the Scale read, the decision made on
+        what the cluster still has, anything to change, dry-run. A `_Checked` is ready to
+        write; an outcome says why nothing is to be written."""
         ref = resources.target_ref(policy, plurals=self.settings.resource_plurals)
 
         def outcome(kind: base.Outcome, previous: int | None, reason: str) -> base.ApplyOutcome:
@@ -201,6 +222,13 @@ class KubeReplicaActuator:
             log.info("dry-run: would scale %s %d -> %d (%s)", ref.key, current,
                      decision.desired, decision.summary)
             return outcome(base.Outcome.DRY_RUN, current, decision.summary)
+        return _Checked(policy=policy, decision=decision, ref=ref, scale=scale)
+
+    async def _write(self, checked: _Checked) -> base.ApplyOutcome:
+        """The write of a checked decision: (scaling down: pod deletion costs) -> the
+        guarded patch -> an Event."""
+        policy, decision, ref, scale = checked.policy, checked.decision, checked.ref, checked.scale
+        current = checked.current
         spared = ""
         if self.deletion_costs is not None and decision.desired < current:
             # Before the replicas patch: the ReplicaSet picks the pods to remove as soon as
@@ -208,13 +236,50 @@ class KubeReplicaActuator:
             spared = "; " + (await self.deletion_costs.annotate(
                 policy, ref=ref, scale=scale)).summary
         if not self.leader.is_leader:  # leadership may have lapsed during the reads
-            return outcome(base.Outcome.NOT_LEADER, current, "lost leadership before writing")
+            return checked.outcome(base.Outcome.NOT_LEADER, "lost leadership before writing")
         written = await guarded_patch(self.api, ref.scale_path, read=scale,
                                       replicas=decision.desired)
         if written.outcome is not base.Outcome.APPLIED:
-            return outcome(written.outcome, written.current, written.reason)
+            return base.ApplyOutcome(written.outcome, ref.key, written.current,
+                                     decision.desired, written.reason)
         log.info("scaled %s %d -> %d: %s", ref.key, current, decision.desired, decision.summary)
         await self.recorder.record(
             ref, reason="ScaledUp" if decision.desired > current else "ScaledDown",
             message=decision.summary)
-        return outcome(base.Outcome.APPLIED, current, decision.summary + spared)
+        return checked.outcome(base.Outcome.APPLIED, decision.summary + spared)
+
+    async def apply(self, policy: model.ScalePolicy, decision: types.Decision
+                    ) -> base.ApplyOutcome:
+        checked = await self._check(policy, decision)
+        if isinstance(checked, base.ApplyOutcome):
+            return checked
+        return await self._write(checked)
+
+    async def apply_all(self, parts: Sequence[tuple[model.ScalePolicy, types.Decision]]
+                        ) -> list[base.ApplyOutcome]:
+        """Implements `base.MixActuator`: every part checked, then written, scale-ups
+        first (a mix left half-written then errs on the side of capacity).
+
+        A part refused by its checks (not the leader, owned by an HPA, the Scale not
+        readable, spec.replicas moved) writes none, and the parts that passed report that
+        refusal's outcome. A write refused after others landed (the patch's own
+        precondition, the API) stops the rest the same way; Kubernetes has no
+        transaction over several objects, so that is the one half-applied case, reported
+        (see `service.variants.combined`) and decided again by the caller.
+        """
+        checked = [await self._check(policy, decision) for policy, decision in parts]
+        out: list[base.ApplyOutcome | None] = [
+            c if isinstance(c, base.ApplyOutcome) else None for c in checked]
+        refused = next((o for o in out if o is not None and o.outcome not in (
+            base.Outcome.UNCHANGED, base.Outcome.DRY_RUN)), None)
+        ready = [(i, c) for i, c in enumerate(checked) if isinstance(c, _Checked)]
+        ready.sort(key=lambda item: item[1].decision.desired < item[1].current)
+        for i, item in ready:
+            if refused is None:
+                written = await self._write(item)
+                refused = None if written.outcome is base.Outcome.APPLIED else written
+            else:
+                written = item.outcome(refused.outcome,
+                                       f"not written: {refused.target} {refused.outcome}")
+            out[i] = written
+        return [o for o in out if o is not None]

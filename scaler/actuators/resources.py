@@ -62,13 +62,18 @@ class ObjectRef:
         return ref
 
 
+def target_plural(target: model.Target, *, plurals: Mapping[str, str] | None = None) -> str:
+    """The resource plural of a target; `plurals` overrides by 'Kind.group' (or 'Kind')."""
+    overrides = plurals or {}
+    return (overrides.get(f"{target.kind}.{target.group}") or overrides.get(target.kind)
+            or plural_of(target.kind))
+
+
 def target_ref(policy: model.ScalePolicy, *, plurals: Mapping[str, str] | None = None
                ) -> ObjectRef:
     """The object a policy scales; `plurals` overrides by 'Kind.group' (or 'Kind')."""
     target = policy.spec.target
-    overrides = plurals or {}
-    plural = (overrides.get(f"{target.kind}.{target.group}") or overrides.get(target.kind)
-              or plural_of(target.kind))
+    plural = target_plural(target, plurals=plurals)
     return ObjectRef(api_version=target.api_version, kind=target.kind, plural=plural,
                      namespace=policy.metadata.namespace, name=target.name)
 

@@ -12,6 +12,7 @@ from scaler.actuators.timefmt import parse_time, rfc3339
 from scaler.emulator import deployments
 from scaler.emulator.server import KubeEmulator
 from scaler.emulator.store import Obj, StoreError
+from scaler.engine import spare
 
 SCHEDULER = "kube-scheduler"
 KUBELET = "kubelet"
@@ -31,30 +32,17 @@ class ControllerSettings:
     interval_s: float = 0.05
 
 
-_PHASE_ORDER = {"Pending": 0, "Unknown": 1, "Running": 2}
-
-
-def deletion_rank(pod: Obj) -> tuple[bool, int, bool, int, float, int, float]:
-    """The order in which a ReplicaSet removes pods on scale-down, first removed first.
-
-    The ReplicaSet controller's `getPodsToDelete` sorts by `ActivePodsWithRanks.Less`
-    (kubernetes pkg/controller/controller_utils.go, read with the search tool):
-    unscheduled before scheduled; Pending < Unknown < Running; not ready before ready;
-    the lower `controller.kubernetes.io/pod-deletion-cost` (absent or invalid = 0); then,
-    left out here, pods doubled up on a node; the most recently ready; the most restarted;
-    the newest.
-    """
+def deletion_rank(pod: Obj) -> spare.RemovalRank:
+    """The order in which a ReplicaSet removes pods on scale-down, first removed first:
+    the pod's fields ranked by `spare.removal_rank` (the rule the simulator uses too)."""
     meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
-    ready = timeline.is_true(pod, "Ready")
-    ready_at = parse_time((timeline.condition(pod, "Ready") or {}).get("lastTransitionTime"))
     restarts = max((int(c.get("restartCount") or 0)
                     for c in status.get("containerStatuses") or []), default=0)
-    created = parse_time(meta.get("creationTimestamp"))
-    return (bool(spec.get("nodeName")), _PHASE_ORDER.get(str(status.get("phase")), 0), ready,
-            deletion_cost.effective_cost(pod),
-            # A missing time ranks first ("empty time < less time"), then the latest.
-            -(ready_at if ready and ready_at is not None else float("inf")),
-            -restarts, -(created if created is not None else float("inf")))
+    return spare.removal_rank(
+        scheduled=bool(spec.get("nodeName")), phase=str(status.get("phase")),
+        ready=timeline.is_true(pod, "Ready"), cost=deletion_cost.effective_cost(pod),
+        ready_at=parse_time((timeline.condition(pod, "Ready") or {}).get("lastTransitionTime")),
+        restarts=restarts, created_at=parse_time(meta.get("creationTimestamp")))
 
 
 class EmulatorController:

@@ -237,6 +237,8 @@ class Store:
                 raise apierrors.bad_request("the namespace of the provided object does not "
                                             "match the namespace sent on the request")
             meta["namespace"] = namespace
+        else:  # BeforeCreate clears a cluster-scoped object's namespace
+            meta.pop("namespace", None)
         key = (namespace or "", meta["name"])
         if key in self.objects[rtype.key]:
             raise apierrors.already_exists(resource=rtype.plural, group=rtype.group,

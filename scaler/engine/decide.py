@@ -125,6 +125,7 @@ def estimate_load(draft: Draft) -> str:
                                       ready=draft.cluster.ready)
     if overloaded:
         draft.state = dataclasses.replace(draft.state, overloaded_at=draft.now)
+    served = learn_served_share(draft, overloaded=overloaded)
     draft.draining = not overloaded and _draining(draft)
     flow = flow_balance(draft)
     backlogged = draft.backlogged = overloaded or draft.draining
@@ -151,8 +152,79 @@ def estimate_load(draft: Draft) -> str:
     draft.demand_now = demand_now
     if demand_now is None:
         return "no demand signal"
-    return "; ".join(part for part in (f"demand {demand_now:.2f} replicas", flow, detail)
-                     if part)
+    return "; ".join(part for part in (f"demand {demand_now:.2f} replicas", flow, served,
+                                       detail) if part)
+
+
+# Overloaded this long with the same ready replicas before what they serve is their
+# capacity: the tokens/s rates (a Prometheus rate() over 30 s to 1 m, a replica's own
+# window) must cover the saturated time, not the minute before it.
+SATURATION_SETTLE_S = 30.0
+# Weight of a new saturated sample in the served share (about the last 10 samples), and
+# the share's bounds: a capacity model off by more than 2x is a wrong policy, not a mix.
+SERVED_WEIGHT = 0.1
+SERVED_BOUNDS = (0.5, 2.0)
+
+
+def learn_served_share(draft: Draft, *, overloaded: bool) -> str:
+    """The tokens/s capacity model, checked against what saturated replicas serve.
+
+    A queue beyond the overload bound means every ready replica is busy, so the work they
+    produce is their capacity on today's mix. In capacity-model units (the tokens opinion
+    x its utilisation target / ready replicas) that is 1 when the model is right. Measured:
+    5 replicas saturated on half 6k-token prompts served 0.875 of it (prefill interleaved
+    with decode costs more than the two capacities add up to), so 7 replicas sized by the
+    model ran out at 31 req/s; on chat-sized prompts 2 replicas served 1.10. The share
+    rescales the tokens opinion (and the learned load of a request, which was sized by the
+    model) from then on, in both directions, bounded by SERVED_BOUNDS.
+    Only while the ready count is the one the overload began with, for SATURATION_SETTLE_S
+    first: a backlog stays on the replicas that held it when new ones become ready, which
+    then serve only new arrivals (a flash crowd's 8 ready replicas served 0.5 of the model
+    while one old replica worked off 4,000 queued).
+    """
+    state, cluster, spec = draft.state, draft.cluster, draft.spec
+    tokens = next((o for o in draft.opinions if o.rule is Rule.TOKENS_PER_SECOND), None)
+    if tokens is None or spec.tokens is None:
+        return ""
+    work = tokens.demand
+    if work is None:
+        return ""
+    if not overloaded or cluster.ready == 0:
+        if state.saturated_since is not None:
+            draft.state = dataclasses.replace(state, saturated_since=None, saturated_ready=0)
+    elif state.saturated_since is None:
+        draft.state = dataclasses.replace(state, saturated_since=draft.now,
+                                          saturated_ready=cluster.ready)
+    elif state.saturated_ready != cluster.ready:
+        if state.saturated_ready:
+            draft.state = dataclasses.replace(state, saturated_ready=0)
+    elif draft.now - state.saturated_since >= SATURATION_SETTLE_S:
+        sample = work * spec.tokens.target_utilization / cluster.ready
+        low, high = SERVED_BOUNDS
+        old = state.served_share
+        count = state.served_samples + 1
+        learned = min(high, max(low, old + max(SERVED_WEIGHT, 1 / count) * (sample - old)))
+        # The load of one request, as saturated replicas serve it: ready / completions,
+        # in the same units as the tokens opinion (seed_load's ratio, rescaled): 5
+        # replicas finishing 21.6 req/s at 0.8 utilisation are 0.29 replicas per req/s,
+        # where the model had learned 0.22 at a lower load.
+        per_rate = state.replicas_per_request_rate
+        completed = draft.snapshot.completion_rate
+        if completed is not None and completed.fresh and completed.value >= MIN_RATE:
+            served = work / learned / completed.value
+            per_rate = served if per_rate is None else (
+                per_rate + max(SERVED_WEIGHT, 1 / count) * (served - per_rate))
+        elif per_rate is not None:
+            per_rate = per_rate * old / learned  # sized by the model: follows its share
+        draft.state = dataclasses.replace(state, served_share=learned, served_samples=count,
+                                          replicas_per_request_rate=per_rate)
+    share = draft.state.served_share
+    if abs(share - 1) < 0.005:
+        return ""
+    why = f"/ {share:.2f}: saturated replicas were seen to serve {share:.0%} of it"
+    draft.opinions = [o.restated(work / share, why) if o is tokens else o
+                      for o in draft.opinions]
+    return f"tokens/s capacity model x {share:.2f}, as served when saturated"
 
 
 def _draining(draft: Draft) -> bool:
@@ -266,7 +338,7 @@ def size_for_load(draft: Draft, *, load: float, per_rate: float) -> str:
     for index, held in enumerate(draft.opinions):
         if (held.rule in BACKLOG_READINGS and held.demand is not None
                 and held.demand > cap):
-            draft.opinions[index] = held.capped(cap, why)
+            draft.opinions[index] = held.restated(cap, why)
             capped = True
             # Held beyond the tolerance: not by the few percent the learned load of a
             # request is off (7.3 read where 6.8 is learned is no backlog).
@@ -418,7 +490,7 @@ def stabilize_count(draft: Draft) -> str:
         down_window, hold = restart_hold(draft)
     history = draft.state.recommendations
     if ((not draft.backlogged or (draft.draining and not draft.held_to_load))
-            and any(r.load is not None for r in history)):  # no copy when none has one
+            and any([r.load is not None for r in history])):  # no copy when none has one
         # A backlog is a one-off need: once it is worked off (no reading above load +
         # draining), the window remembers the load of its time, so replicas bought to
         # drain it go now, not a window later.
@@ -723,14 +795,16 @@ def _remember(draft: Draft, decision: types.Decision) -> types.EngineState:
     now, state, spec = decision.at, draft.state, draft.spec
     keep_recs, keep_events = spec.keep_recommendations_s, spec.keep_events_s
     raw = decision.current if draft.raw is None else draft.raw
-    recommendations = tuple(r for r in state.recommendations if r.at > now - keep_recs)
+    # Lists, not generators, and each cutoff computed once: the windows are scanned in
+    # full every decision (60 recommendations at one decision per 5 s).
+    recs_after, events_after = now - keep_recs, now - keep_events
+    recommendations = tuple([r for r in state.recommendations if r.at > recs_after])
     recommendations = (*recommendations, types.Recommendation(at=now, replicas=raw,
                                                               load=draft.load_raw))
-    events = tuple(e for e in state.events if e.at > now - keep_events)
+    events = tuple([e for e in state.events if e.at > events_after])
     if decision.desired != decision.current:
         events = (*events, types.ScaleEvent(at=now, delta=decision.desired - decision.current))
-    return dataclasses.replace(
-        state,
+    return state.remembering(
         recommendations=recommendations,
         events=events,
         demand=draft.samples,

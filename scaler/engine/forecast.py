@@ -44,7 +44,7 @@ def learn_start_times(
     pod = state.learned_pod_start_s
     node = state.learned_node_boot_s
     newest = state.last_observation_at
-    if spec.learn_start_times:
+    if spec.learn_start_times and observations:
         for obs in sorted(observations, key=lambda o: o.ready_at):
             if obs.ready_at <= state.last_observation_at:
                 continue
@@ -105,14 +105,19 @@ def fit_trend(samples: Sequence[types.DemandSample], *, now: float, min_span_s: 
         # Too little history for a trend (a fresh start, or after a gap in the signals).
         return Trend(level=samples[-1].demand, slope_per_s=0.0, span_s=span)
     n = len(samples)
-    mean_t = sum(s.at for s in samples) / n
-    mean_d = sum(s.demand for s in samples) / n
-    var_t = sum((s.at - mean_t) ** 2 for s in samples)
+    # The same sums in the same order as over the samples, read once into lists (a
+    # window holds up to a sample a second: 120 in the default window).
+    times = [s.at for s in samples]
+    values = [s.demand for s in samples]
+    mean_t = sum(times) / n
+    mean_d = sum(values) / n
+    var_t = sum([(t - mean_t) ** 2 for t in times])
     if var_t <= 0:
         return Trend(level=samples[-1].demand, slope_per_s=0.0, span_s=span)
-    slope = sum((s.at - mean_t) * (s.demand - mean_d) for s in samples) / var_t
-    residual = sum((s.demand - mean_d - slope * (s.at - mean_t)) ** 2 for s in samples)
-    split = _step_split(samples, line_residual=residual)
+    pairs = list(zip(times, values, strict=True))
+    slope = sum([(t - mean_t) * (d - mean_d) for t, d in pairs]) / var_t
+    residual = sum([(d - mean_d - slope * (t - mean_t)) ** 2 for t, d in pairs])
+    split = _step_split(values, line_residual=residual)
     if split is not None:
         # A step: the trend is that of the level after it (flat until it shows a slope).
         after = fit_trend(samples[split:], now=now, min_span_s=min_span_s)
@@ -178,17 +183,17 @@ def slope(points: Sequence[tuple[float, float]]) -> float | None:
     return math.fsum((t - mean_t) * (v - mean_v) for t, v in points) / spread
 
 
-def _step_split(samples: Sequence[types.DemandSample], *, line_residual: float) -> int | None:
-    """Where a two-level (step) fit splits the samples, if it beats the line clearly.
+def _step_split(values: Sequence[float], *, line_residual: float) -> int | None:
+    """Where a two-level (step) fit splits the samples' demand `values`, if it beats the
+    line clearly.
 
     O(n) with prefix sums: for each split k the squared error of two means is
     sum(d^2) - (sum before)^2 / k - (sum after)^2 / (n - k). Each level needs 3 samples.
     """
-    n = len(samples)
+    n = len(values)
     if n < 6 or line_residual <= 0:
         return None
-    values = [s.demand for s in samples]
-    total, total_sq = math.fsum(values), math.fsum(v * v for v in values)
+    total, total_sq = math.fsum(values), math.fsum([v * v for v in values])
     best, best_at, before = math.inf, None, 0.0
     for k in range(1, n - 2):
         before += values[k - 1]
@@ -211,4 +216,4 @@ def window(
 ) -> tuple[types.DemandSample, ...]:
     """The samples of the last `seconds` (time-keyed, not tick-keyed)."""
     cutoff = now - seconds
-    return tuple(s for s in samples if s.at > cutoff)
+    return tuple([s for s in samples if s.at > cutoff])

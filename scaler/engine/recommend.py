@@ -22,14 +22,15 @@ arithmetic finite (a trend through 1e300s would overflow)."""
 def ceil_replicas(value: float) -> int:
     if not value < MAX_DEMAND_REPLICAS:  # also NaN
         return int(MAX_DEMAND_REPLICAS)
-    return max(0, math.ceil(value - _EPSILON))
+    replicas = math.ceil(value - _EPSILON)
+    return replicas if replicas > 0 else 0  # max(0, ...) without a call: 8 a decision
 
 
 def bounded(demand: float) -> float:
     """A demand in [0, MAX_DEMAND_REPLICAS]; NaN counts as the cap (never as zero)."""
     if not demand < MAX_DEMAND_REPLICAS:
         return MAX_DEMAND_REPLICAS
-    return max(0.0, demand)
+    return demand if demand > 0.0 else 0.0  # -0.0 -> 0.0, as max(0.0, -0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +52,9 @@ class Opinion:
     def replicas(self) -> int | None:
         return None if self.demand is None else ceil_replicas(self.demand)
 
-    def capped(self, demand: float, why: str) -> Opinion:
-        """The same reading held to `demand`, the reason saying why."""
+    def restated(self, demand: float, why: str) -> Opinion:
+        """The same reading as `demand` replicas (held to a load, or rescaled to what
+        replicas were seen to serve), the reason saying why."""
         demand = bounded(demand)
         reason = dataclasses.replace(self.reason, recommendation=ceil_replicas(demand),
                                      detail=f"{self.reason.detail}; {why}")
@@ -110,10 +112,11 @@ def concurrency(
     running, waiting = snapshot.in_flight, snapshot.queue_depth
     no_ready_replica = cluster.ready == 0
     if _fresh(running) or (no_ready_replica and _fresh(waiting)):
-        parts = [v for v in (running, waiting) if v is not None and _fresh(v)]
-        total = sum(v.value for v in parts)  # inf, not OverflowError, at 1e308
+        # Lists, not generators, in the hot path: the same sums, a generator object fewer.
+        parts = [v for v in (running, waiting) if v is not None and v.fresh]
+        total = sum([v.value for v in parts])  # inf, not OverflowError, at 1e308
         detail = f"({total:g} running+waiting) / {rule.target_per_replica:g} per replica"
-        combined = types.SignalValue(value=total, age_s=max(v.age_s for v in parts),
+        combined = types.SignalValue(value=total, age_s=max([v.age_s for v in parts]),
                                      fresh=True)
         return opinion(types.Rule.CONCURRENCY, value=combined, fresh=True,
                        demand=total / rule.target_per_replica, detail=detail)
@@ -171,11 +174,11 @@ def tokens_per_second(
         return opinion(types.Rule.TOKENS_PER_SECOND, value=generated, fresh=False,
                        demand=None, detail=detail)
     shares = [(name, v.value, cap) for name, v, cap in parts if v is not None]
-    busy = sum(value / cap for _, value, cap in shares)
-    detail = " + ".join(f"{value:g} {name} tok/s / {cap:g}" for name, value, cap in shares)
+    busy = sum([value / cap for _, value, cap in shares])
+    detail = " + ".join([f"{value:g} {name} tok/s / {cap:g}" for name, value, cap in shares])
     combined = types.SignalValue(
-        value=sum(value for _, value, _ in shares),  # inf, not OverflowError, at 1e308
-        age_s=max(v.age_s for _, v, _ in parts if v is not None),
+        value=sum([value for _, value, _ in shares]),  # inf, not OverflowError, at 1e308
+        age_s=max([v.age_s for _, v, _ in parts if v is not None]),
         fresh=True,
     )
     return opinion(types.Rule.TOKENS_PER_SECOND, value=combined, fresh=True,

@@ -75,6 +75,34 @@ def costs(pods: Iterable[str], work: Mapping[str, PodWork]) -> dict[str, int]:
     return {name: reported.get(name, neutral) for name in names}
 
 
+PHASE_RANK = {"Pending": 0, "Unknown": 1, "Running": 2}
+"""A pod's phase as the ReplicaSet controller ranks it for removal (an unknown phase
+ranks as Pending)."""
+
+RemovalRank = tuple[bool, int, bool, int, float, int, float]
+
+
+def removal_rank(*, scheduled: bool, phase: str, ready: bool, cost: int,
+                 ready_at: float | None, restarts: int, created_at: float | None
+                 ) -> RemovalRank:
+    """The order in which a ReplicaSet removes pods on scale-down: sort by this, first
+    removed first. One rule for the emulator's controller and the simulator.
+
+    The ReplicaSet controller's `getPodsToDelete` sorts by `ActivePodsWithRanks.Less`
+    (kubernetes pkg/controller/controller_utils.go, read with the search tool):
+    unscheduled before scheduled; Pending < Unknown < Running; not ready before ready;
+    the lower `controller.kubernetes.io/pod-deletion-cost` (`cost`; absent or invalid =
+    0); then, left out here, pods doubled up on a node; the most recently ready; the most
+    restarted; the newest. Times are exact here, not the LogarithmicScaleDown buckets.
+    Example: two ready pods, costs 9 and 0 -> the one at 0 goes first, whichever is newer;
+    at equal cost the one ready last goes first.
+    """
+    return (scheduled, PHASE_RANK.get(phase, 0), ready, cost,
+            # A missing time ranks first ("empty time < less time"), then the latest.
+            -(ready_at if ready and ready_at is not None else float("inf")),
+            -restarts, -(created_at if created_at is not None else float("inf")))
+
+
 def busy_replicas(work: Mapping[str, PodWork]) -> int:
     """How many sources report unfinished work (fresh in_flight > 0 or queue > 0)."""
     return sum(1 for each in work.values() if each.unfinished)

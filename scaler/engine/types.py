@@ -6,10 +6,12 @@ clock, the simulator its virtual clock. Durations are seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from scaler.core import histogram as histograms
 from scaler.core import vocabulary
@@ -137,6 +139,14 @@ class ClusterState:
     capacity_notes: tuple[str, ...] = ()
     gpu_sm_active: float | None = None
 
+    def with_budget(self, budget_gpus: int, reason: str) -> ClusterState:
+        """This state under an external cap of `budget_gpus` GPUs, said why (the fleet's
+        grant, once an evaluation): `dataclasses.replace` at half its cost."""
+        state = _copied(self, _CLUSTER_STATE_FIELDS)
+        _set_slot(state, "budget_gpus", budget_gpus)
+        _set_slot(state, "budget_reason", reason)
+        return state
+
 
 @dataclass(frozen=True, slots=True)
 class Recommendation:
@@ -212,6 +222,11 @@ class EngineState:
       last fell below the count (and the count then), how long load took to come back
       after earlier drops (smoothed; None until seen), and how many returns in a row came
       after about that gap (a pattern once there are two).
+    served_share / served_samples: the share of the tokens/s capacity model that replicas
+      were seen to serve while saturated (1 until seen), and how many samples it holds.
+    saturated_since / saturated_ready: when the current overload began and the ready
+      replicas then (0 once that count changed: the backlog sits on the replicas that were
+      ready when it formed, and new ones serve only new arrivals).
     """
 
     recommendations: tuple[Recommendation, ...] = ()
@@ -231,6 +246,46 @@ class EngineState:
     drop_level: int = 0
     return_gap_s: float | None = None
     returns: int = 0
+    served_share: float = 1.0
+    served_samples: int = 0
+    saturated_since: float | None = None
+    saturated_ready: int = 0
+
+    def remembering(
+        self, *, recommendations: tuple[Recommendation, ...], events: tuple[ScaleEvent, ...],
+        demand: tuple[DemandSample, ...], backlog: tuple[BacklogSample, ...],
+        last_desired: int,
+    ) -> EngineState:
+        """This state with a decision's windows and count (what `decide` keeps of each).
+
+        `dataclasses.replace` at half its cost, once a decision: it looks every field up
+        by name and checks it, then the frozen `__init__` sets each through
+        `object.__setattr__`; this copies the slots and sets the five.
+        """
+        state = _copied(self, _ENGINE_STATE_FIELDS)
+        _set_slot(state, "recommendations", recommendations)
+        _set_slot(state, "events", events)
+        _set_slot(state, "demand", demand)
+        _set_slot(state, "backlog", backlog)
+        _set_slot(state, "last_desired", last_desired)
+        return state
+
+
+_Frozen = TypeVar("_Frozen", ClusterState, EngineState)
+_set_slot = object.__setattr__  # how a frozen dataclass sets its own fields
+
+
+def _copied(source: _Frozen, fields: tuple[str, ...]) -> _Frozen:
+    """A copy of a frozen slots dataclass made slot by slot, without `__init__` (these
+    classes have no `__post_init__`), for the caller to set the fields it changes."""
+    copy: _Frozen = object.__new__(type(source))
+    for name in fields:
+        _set_slot(copy, name, getattr(source, name))
+    return copy
+
+
+_ENGINE_STATE_FIELDS = tuple(f.name for f in dataclasses.fields(EngineState))
+_CLUSTER_STATE_FIELDS = tuple(f.name for f in dataclasses.fields(ClusterState))
 
 
 class OpinionKind(enum.Enum):
@@ -261,11 +316,13 @@ class Rule(enum.StrEnum):
 
     @property
     def kind(self) -> OpinionKind:
-        if self is Rule.QUEUE_DEPTH:
-            return OpinionKind.PRESSURE
-        if self is Rule.P95_LATENCY:
-            return OpinionKind.GUARD
-        return OpinionKind.CAPACITY
+        # A table, not `self is Rule.X` tests: a member read through its class is a
+        # descriptor call, and the kind is asked about 14 times a decision.
+        return _RULE_KINDS[self]
+
+
+_RULE_KINDS: dict[Rule, OpinionKind] = {rule: OpinionKind.CAPACITY for rule in Rule} | {
+    Rule.QUEUE_DEPTH: OpinionKind.PRESSURE, Rule.P95_LATENCY: OpinionKind.GUARD}
 
 
 class ClampName(enum.StrEnum):

@@ -241,16 +241,24 @@ def settle(pools: Sequence[engine_fleet.FleetPool],
                     for o in m.options)]
     if short:
         mixes = dict(first)
+        bound: dict[str, str] = {}  # variant key -> why pass 1 cut it
         for m in short:
             capped = []
             for o in m.options:
-                granted = grants[variant_key(m.key, o.name)].replicas
-                room = granted if granted < first[m.key].replicas[o.name] else o.room
-                capped.append(bounded(o, room))
+                grant = grants[variant_key(m.key, o.name)]
+                cut = grant.replicas < first[m.key].replicas[o.name]
+                if cut:
+                    bound[grant.key] = grant.reason
+                capped.append(bounded(o, grant.replicas if cut else o.room))
             mixes[m.key] = mix(capped, demand=m.demand, lookahead_s=m.lookahead_s)
         again = {a.key: a for m in short for a in _asks(m, mixes[m.key])}
         grants = engine_fleet.arbitrate(
             pools, budgets, [*asks, *(again.get(a.key, a) for a in variant_asks)])
+        # A variant cut in pass 1 and granted its new ask in pass 2 keeps pass 1's reason:
+        # it is why the model mixed again (a budget of 2 GPUs made it ask 1, not 12).
+        for key, reason in bound.items():
+            if grants[key].replicas >= again[key].desired:
+                grants[key] = replace(grants[key], reason=reason)
     final: dict[str, Mix] = {}
     for m in models:
         counts = [min(mixes[m.key].replicas[o.name],
@@ -310,3 +318,44 @@ def options_of(policy: model.ScalePolicy, *, pools: Mapping[str, policy_fleet.Gp
                           ready=ready, starting=starting, time_to_ready_s=start,
                           pool=variant.node_pool, gpus_per_replica=gpr))
     return tuple(out)
+
+
+def weights_of(policy: model.ScalePolicy) -> tuple[float, ...]:
+    """Each variant's replica in replicas of the policy's yardstick, in spec.variants
+    order: an H100 replica of 40 requests is 2.5 of a policy at targetPerReplica 16."""
+    unit = unit_capacity(policy)
+    return tuple(variant.capacity / unit for variant in policy.spec.variants)
+
+
+def equivalent_state(states: Sequence[types.ClusterState], *, weights: Sequence[float]
+                     ) -> types.ClusterState:
+    """A model's variants as `decide` reads replicas: each variant's replicas weighed by
+    its yardstick weight (`weights_of`), so current, ready and starting are
+    capacity-equivalent: 2 H100 (2.5 each) + 3 L40S (1.0) read as 8 replicas.
+
+    Rounded down: the equivalent never claims more than is held. Rounded to nearest, 6 x
+    2.82 = 16.94 would read 17, the decision 17 x 34 = 578 would be 2 above the 576 held,
+    the mix would add one more replica, and so on each cycle (measured in the fleet
+    replay: 14 -> 49). A starting replica counts once per whole weight (at least once),
+    free slots per whole replica of the yardstick; excluded GPUs and capacity notes add
+    up; the SM-active ratio is the mean over the variants' ready replicas."""
+
+    def floor(value: float) -> int:
+        return math.floor(value + 1e-9)
+
+    pairs = list(zip(states, weights, strict=True))
+    free = [s.free_replica_slots for s in states]
+    active = [(s.gpu_sm_active, s.ready) for s in states
+              if s.gpu_sm_active is not None and s.ready > 0]
+    ready_active = sum(n for _, n in active)
+    return types.ClusterState(
+        current=floor(sum(s.current * w for s, w in pairs)),
+        ready=floor(sum(s.ready * w for s, w in pairs)),
+        starting=tuple(sorted(t for s, w in pairs for t in s.starting
+                              for _ in range(max(1, round(w))))),
+        free_replica_slots=(None if any(f is None for f in free) else
+                            sum(int((f or 0) * w) for f, w in zip(free, weights, strict=True))),
+        observations=tuple(o for s in states for o in s.observations)[-20:],
+        excluded_gpus=sum(s.excluded_gpus for s in states),
+        capacity_notes=tuple(note for s in states for note in s.capacity_notes),
+        gpu_sm_active=(sum(v * n for v, n in active) / ready_active if active else None))

@@ -34,8 +34,12 @@ def warnings(policy: model.ScalePolicy) -> list[str]:
 
 
 def _variant_warnings(policy: model.ScalePolicy) -> list[str]:
-    """Variants are mixed by the fleet replay, not yet by the service (docs/scaling.md)."""
-    if not policy.spec.variants:
+    """With spec.variants the service reads and patches each variant's target, never
+    spec.target: say so when spec.target is not one of them (docs/scaling.md)."""
+    spec = policy.spec
+    targets = {(v.target.kind, v.target.name) for v in spec.variants}
+    if not spec.variants or (spec.target.kind, spec.target.name) in targets:
         return []
-    return [f"{policy.key}: spec.variants is used by `scaler simulate --fleet` only; the "
-            "service still scales spec.target alone (docs/scaling.md, Variants)"]
+    return [f"{policy.key}: spec.target {spec.target.kind} {spec.target.name} is neither "
+            "read nor scaled while spec.variants is set: the service scales each "
+            "variant's target (docs/scaling.md, Variants)"]

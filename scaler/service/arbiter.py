@@ -7,13 +7,12 @@ owns it, so no locks.
 
 A model with variants (spec.variants) is kept as its demand and variants instead
 (`record_variants`), and arbitration then mixes it over its variants' pools
-(`engine.variants.settle`); `mix` gives the replicas per variant to patch. (The reactor
-does not call `record_variants` yet: see docs/scaling.md, Variants.)
+(`engine.variants.settle`); `mix` gives the replicas per variant the reactor writes to
+each variant's target (`service.variants`), and `describe_mix` says why in words.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Collection, Mapping
 
 from scaler.engine import fleet as engine_fleet
@@ -63,7 +62,7 @@ class Arbiter:
         fleet catches up). A model the fleet covers but has not arbitrated yet is held at
         what it has: on a start, 1,000 models deciding alone would each take the pool.
         """
-        if not self.active:
+        if not self.active or policy.spec.variants:  # variants: the mix is capped instead
             return cluster
         grant = self._grants.get(policy.key)
         spec = engine_spec.resolve(policy)
@@ -76,7 +75,7 @@ class Arbiter:
             return cluster
         else:
             cap, reason = max(grant.cap_gpus, floor_gpus), grant.reason
-        return dataclasses.replace(cluster, budget_gpus=cap, budget_reason=reason)
+        return cluster.with_budget(cap, reason)
 
     def record(self, policy: model.ScalePolicy, decision: types.Decision,
                cluster: types.ClusterState, *, now: float) -> bool:
@@ -92,10 +91,15 @@ class Arbiter:
         return changed
 
     def record_variants(self, policy: model.ScalePolicy, decision: types.Decision, *,
-                        held: Mapping[str, tuple[int, int]]) -> bool:
+                        held: Mapping[str, tuple[int, int]],
+                        excluded_gpus: Mapping[str, int] | None = None) -> bool:
         """Keep the decision of a model with variants as its demand, look-ahead and
-        variants, `held` giving (ready, starting) per variant name; True when it differs
-        from the last one (re-arbitrate)."""
+        variants, `held` giving (ready, starting) per variant name and `excluded_gpus` the
+        GPUs each variant's pool excluded by pool name; True when it differs from the
+        last one (re-arbitrate)."""
+        for pool, gpus in (excluded_gpus or {}).items():
+            if pool in self._fleet.pools:
+                self._excluded[pool] = gpus
         item = engine_variants.VariantModel(
             key=policy.key, tier=policy.spec.tier, tenant=policy.tenant,
             cost_center=policy.cost_center,
@@ -127,6 +131,42 @@ class Arbiter:
     def mix(self, key: str) -> engine_variants.Mix | None:
         """The replicas per variant of a model with variants, from the last arbitration."""
         return self._mixes.get(key)
+
+    @property
+    def fleet(self) -> policy_fleet.Fleet:
+        """The pools and budgets in force."""
+        return self._fleet
+
+    def describe_mix(self, policy: model.ScalePolicy) -> str | None:
+        """The model's last mix in words (None before one), for the explanation:
+        'variant h100: 2, l40s: 4; cheapest mix meeting the demand of 100 requests (serves
+        100 at 12.00/h; held h100: 1, l40s: 0); l40s fills pool l40s: 4 of 4 GPUs'."""
+        chosen = self._mixes.get(policy.key)
+        item = self._variants.get(policy.key)
+        if chosen is None or item is None:
+            return None
+        unit = "requests" if policy.spec.signals.concurrency is not None else "tokens/s"
+        counts = ", ".join(f"{name}: {n}" for name, n in chosen.replicas.items())
+        held = ", ".join(f"{o.name}: {o.ready + o.starting}" for o in item.options)
+        verdict = ("cheapest mix meeting the demand" if chosen.met
+                   else "short of the demand with every room filled")
+        parts = [f"variant {counts}; {verdict} of {item.demand:g} {unit} (serves "
+                 f"{chosen.capacity:g} at {chosen.cost_hourly:.2f}/h; held {held})"]
+        for option in item.options:
+            count = chosen.replicas[option.name]
+            grant = self._grants.get(engine_variants.variant_key(policy.key, option.name))
+            pool = self._fleet.pools.get(option.pool or "")
+            # A grant's reason says "granted all ..." unless something bound it
+            # (`engine.fleet._reason`): only a binding one explains the mix.
+            if grant is not None and grant.reason.startswith(("capped", "floors")):
+                parts.append(f"{option.name} {grant.reason}")
+            elif pool is not None:
+                grantable = engine_fleet.fleet_pool(
+                    pool, excluded_gpus=self._excluded.get(pool.name, 0)).grantable
+                if count and count >= grantable // option.gpus_per_replica:
+                    parts.append(f"{option.name} fills pool {pool.name}: "
+                                 f"{count * option.gpus_per_replica} of {grantable} GPUs")
+        return "; ".join(parts)
 
     def asks(self) -> list[engine_fleet.Ask]:
         """The latest ask of every model recorded, by key."""

@@ -153,10 +153,12 @@ def _as_list(previous: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]
 
 def status(policy: model.ScalePolicy | None, observation: state.Observation | None, *,
            problems: Sequence[loader.PolicyError], previous: Mapping[str, Any] | None,
-           generation: int | None, now: float) -> Status:
+           generation: int | None, now: float, last_scale_at: float | None = None
+           ) -> Status:
     """The status to write. lastTransitionTime moves only when a condition's status does
     (a new reason or message keeps it, as the HPA's setCondition); lastScaleTime moves when
-    a decision asks for another count."""
+    a decision asks for another count (`last_scale_at`, the newest such decision, else
+    the observed one if it did)."""
     before = _as_list(previous)
     conditions = []
     for condition in evaluate(policy, observation, problems=problems):
@@ -175,8 +177,10 @@ def status(policy: model.ScalePolicy | None, observation: state.Observation | No
         out["currentReplicas"] = observation.cluster.current
         out["desiredReplicas"] = decision.desired
         last_scale = (previous or {}).get("lastScaleTime")
-        if decision.changed:
-            last_scale = timefmt.rfc3339(decision.at)
+        scaled_at = last_scale_at if last_scale_at is not None else (
+            decision.at if decision.changed else None)
+        if scaled_at is not None:
+            last_scale = timefmt.rfc3339(scaled_at)
         if last_scale is not None:
             out["lastScaleTime"] = last_scale
         winner = next((each for each in decision.signals if each.name == decision.winner),
@@ -221,3 +225,26 @@ def transitions(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
         return {kind: (item.get("status"), item.get("reason"))
                 for kind, item in _as_list(status).items()}
     return key(old) != key(new)
+
+
+def fleet_status(problems: Sequence[loader.PolicyError], *, in_force: bool,
+                 previous: Mapping[str, Any] | None, generation: int | None, now: float
+                 ) -> Status:
+    """A GpuPool's or GpuBudget's status: its one condition, Valid, from the load's
+    problems (lastTransitionTime kept while the status holds, as above)."""
+    if problems:
+        collision = any(problem.reason == "duplicate" for problem in problems)
+        stays = ("; the last good version stays in force" if in_force
+                 else "; nothing of this resource is in force")
+        condition = {"type": crd.VALID, "status": "False",
+                     "reason": "NameCollision" if collision else "InvalidSpec",
+                     "message": "; ".join(str(problem) for problem in problems) + stays}
+    else:
+        condition = {"type": crd.VALID, "status": "True", "reason": "Valid",
+                     "message": "the spec is valid and in force"}
+    old = _as_list(previous).get(crd.VALID) or {}
+    since = old.get("lastTransitionTime") if old.get("status") == condition["status"] else None
+    condition["lastTransitionTime"] = str(since or timefmt.rfc3339(now))
+    out: Status = {} if generation is None else {"observedGeneration": generation}
+    out["conditions"] = [condition]
+    return out

@@ -21,7 +21,6 @@ handful of entries.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import enum
 import heapq
 import json
@@ -155,10 +154,12 @@ class History:
     def add(self, event: Event, *, at: float) -> None:
         """Record `event` at `at`; equal to the newest entry, it only bumps that one's count."""
         ring = self._scales if event.scale else self._decisions
-        newest = self._newest()
-        if newest is not None and newest.event == event and ring and ring[-1] is newest:
-            ring[-1] = dataclasses.replace(newest, last_at=max(newest.last_at, at),
-                                           count=newest.count + 1)
+        tail = ring[-1] if ring else None
+        if tail is not None and tail is self._newest() and tail.event == event:
+            # Built directly: dataclasses.replace costs twice a constructor, once an
+            # evaluation of every model.
+            ring[-1] = Entry(event=tail.event, first_at=tail.first_at,
+                             last_at=max(tail.last_at, at), count=tail.count + 1)
         else:
             ring.append(Entry(event=event, first_at=at, last_at=at))
         # Time comes from the events themselves, so a replayed audit log keeps the same
@@ -167,8 +168,13 @@ class History:
             self._scales.popleft()
 
     def _newest(self) -> Entry | None:
-        tails = [ring[-1] for ring in (self._scales, self._decisions) if ring]
-        return max(tails, key=lambda entry: entry.last_at, default=None)
+        """The later of the two rings' tails (the scale event's on a tie)."""
+        scales, decisions = self._scales, self._decisions
+        if not decisions:
+            return scales[-1] if scales else None
+        if not scales or decisions[-1].last_at > scales[-1].last_at:
+            return decisions[-1]
+        return scales[-1]
 
     def entries(self, limit: int | None = None) -> list[Entry]:
         """The newest `limit` entries (all kept when None), oldest first."""

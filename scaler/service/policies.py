@@ -110,7 +110,8 @@ Apply = Callable[[PolicySet], Awaitable[None]]
 
 
 class ResourcePolicies(Protocol):
-    """Policies from ScalePolicy resources (`actuators.policy_resources.PolicyResources`)."""
+    """Policies, pools and budgets from ScalePolicy, GpuPool and GpuBudget resources
+    (`actuators.policy_resources.PolicyResources`)."""
 
     def fingerprint(self) -> Hashable:
         """Changes whenever a resource's spec does."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -18,6 +19,7 @@ from scaler.service import arbiter as fleet_arbiter
 from scaler.service import audit as audit_log
 from scaler.service import explain
 from scaler.service import state as service_state
+from scaler.service import variants as service_variants
 
 log = logging.getLogger(__name__)
 
@@ -195,8 +197,16 @@ class Reactor:
         policy = self._policies.get(key)
         if policy is None:
             return None
+        # A model with variants reads every variant's target and decides on their sum.
+        targets = (service_variants.views(policy, pools=self.arbiter.fleet.pools)
+                   if policy.spec.variants else ())
+        reading = None
         try:
-            cluster = await self.reader.read(policy)
+            if targets:
+                reading = await service_variants.read(self.reader, policy, targets)
+                cluster = reading.equivalent
+            else:
+                cluster = await self.reader.read(policy)
         except Exception as error:  # API down or slow: no decision without the cluster state
             log.warning("%s: cannot read the cluster: %s", key, error, extra={"model": key})
             self.state.record_patch(key, "read_failed")
@@ -215,7 +225,10 @@ class Reactor:
                           extra={"model": key})
             self.state.record_evaluation_error(key)
             return actuators.Outcome.FAILED
-        if decision.changed:
+        if reading is not None:
+            decision, outcome, reason = await self._apply_mix(policy, decision,
+                                                              reading=reading, targets=targets)
+        elif decision.changed:
             applied = await self.actuator.apply(policy, decision)
             outcome = applied.outcome
             reason = applied.reason
@@ -229,7 +242,9 @@ class Reactor:
         observation = service_state.Observation(decision=decision, snapshot=snapshot,
                                                 cluster=cluster, at=now)
         self.state.record(key, observation, outcome=str(outcome), apply_reason=reason)
-        if self.arbiter.record(policy, decision, cluster, now=now):
+        if (self.arbiter.record(policy, decision, cluster, now=now) if reading is None else
+                self.arbiter.record_variants(policy, decision, held=reading.held,
+                                             excluded_gpus=reading.excluded_gpus)):
             self._fleet.poke("fleet")
         self.state.record_patch(key, str(outcome))
         # Guarded: the summary and the extra fields are built before log.info can drop
@@ -249,6 +264,30 @@ class Reactor:
                 document["apply"] = {"outcome": str(outcome), "reason": reason}
                 self.audit.write(document)
         return outcome
+
+    async def _apply_mix(self, policy: model.ScalePolicy, decision: types.Decision, *,
+                         reading: service_variants.Reading,
+                         targets: tuple[model.ScalePolicy, ...]
+                         ) -> tuple[types.Decision, actuators.Outcome, str]:
+        """A model with variants: the last arbitration's mix written to every variant's
+        target, and the decision with the mix in words among its notes. A half-applied
+        mix is logged and counted (patches{outcome="partial"}) and decided again."""
+        key = policy.key
+        mix = self.arbiter.mix(key)
+        note = self.arbiter.describe_mix(policy)
+        if (mix is None or note is None
+                or set(mix.replicas) != {v.name for v in policy.spec.variants}):
+            return (decision, actuators.Outcome.UNCHANGED,
+                    "awaiting the fleet's first mix of the variants")
+        decision = dataclasses.replace(decision, notes=(*decision.notes, note))
+        items = service_variants.parts(reading, targets, mix=mix, decision=decision, note=note)
+        if not service_variants.pending(items):
+            return decision, actuators.Outcome.UNCHANGED, "every variant already at the mix"
+        applied = service_variants.combined(await service_variants.apply(self.actuator, items))
+        if applied.partial:
+            log.warning("%s: %s", key, applied.reason, extra={"model": key})
+            self.state.record_patch(key, "partial")
+        return decision, applied.outcome, applied.reason
 
     # -- node pools ---------------------------------------------------------------------
 

@@ -55,6 +55,26 @@ from scaler.signals import (
 
 log = logging.getLogger(__name__)
 
+GC_YOUNG_THRESHOLD = 20_000
+"""Net allocations of tracked objects between young collections (CPython's default: 700).
+
+An evaluation allocates a few hundred objects (the decision and its explanation, the
+engine state, the history entry) and keeps a few dozen of them until the model's next
+one, so at 700 young collections ran every few dozen evaluations and promoted the kept
+objects, and full collections walked every model's state: at 10,000 models, 1.8 to
+2.4 s of collector in a 7 to 9 s evaluation cycle (two or three full collections of 0.5
+to 0.7 s each). At 3,000 models, 0.3 to 0.5 s a cycle at 700 and 0.08 to 0.19 s at
+20,000 (bench/fleet_scale.py, docs/scaling.md)."""
+
+
+def tune_collector() -> None:
+    """Once start-up is done: move what it allocated (it lives for the process) out of the
+    collector's sight, and collect the young generation every GC_YOUNG_THRESHOLD
+    allocations. Without the freeze, full collections over the start-up objects paused
+    the loop 20 to 90 ms under load (bench/signals_ingest.py)."""
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+
 
 def default_identity() -> str:
     """The pod name (its hostname) plus a random suffix, unique across restarts."""
@@ -384,10 +404,22 @@ class Service:
                 body = conditions.status(
                     policy, status.last if status is not None else None, problems=problems,
                     previous=previous, generation=meta.get("generation"),
-                    now=self.wall_clock())
+                    now=self.wall_clock(),
+                    last_scale_at=status.last_scale_at if status is not None else None)
                 await writer.write(namespace=str(meta.get("namespace")),
                                    name=str(meta.get("name")), status=body,
                                    uid=meta.get("uid"), notes=conditions.notes(previous, body))
+            # GpuPools and GpuBudgets: their Valid condition (cluster-scoped: no Events).
+            in_force = ({item.path for item in current.pools.values()}
+                        | {item.path for item in current.budgets.values()})
+            for path, (kind, obj) in resources.fleet_objects().items():
+                meta = obj.get("metadata") or {}
+                body = conditions.fleet_status(
+                    [error for error in current.errors if error.path == path],
+                    in_force=path in in_force, previous=writer.last(path) or obj.get("status"),
+                    generation=meta.get("generation"), now=self.wall_clock())
+                await writer.write(namespace=None, name=str(meta.get("name")), status=body,
+                                   kind=kind)
 
     async def _expire(self) -> None:
         """Drop signal values past the store's TTL, at the backstop tick's pace."""
@@ -443,10 +475,7 @@ class Service:
                 log.error("scaler could not start: %s: %s", type(error).__name__, error,
                           exc_info=True)
                 return 1
-            # Everything allocated at start lives for the process: move it out of the
-            # collector's sight. Without this, full collections over the start-up objects
-            # paused the loop 20 to 90 ms under load (bench/signals_ingest.py).
-            gc.freeze()
+            tune_collector()
             waiters = [asyncio.create_task(stop_requested.wait(), name="wait-signal"),
                        asyncio.create_task(self.supervisor.failed.wait(), name="wait-failure")]
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)

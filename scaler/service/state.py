@@ -131,6 +131,7 @@ class ModelStatus:
     clamps: Mapping[str, int]
     cost: engine_cost.Cost
     evaluation_errors: int = 0
+    last_scale_at: float | None = None  # the newest decision that asked for another count
 
     @property
     def key(self) -> str:
@@ -171,6 +172,7 @@ class _Entry:
     clamps: collections.Counter[str] = field(default_factory=collections.Counter)
     cost: engine_cost.Cost = field(default_factory=engine_cost.Cost)
     evaluation_errors: int = 0
+    last_scale_at: float | None = None
     history: decision_history.History = field(default_factory=decision_history.History)
 
 
@@ -366,6 +368,10 @@ class ServiceState:
             entry.cost = accrue(entry.cost, policy=entry.policy, since=entry.last,
                                 until=observation.at)
         entry.last = observation
+        if observation.decision.changed:
+            # Kept apart from `last`: a status written at the backstop tick's pace must
+            # not miss a scale that a later unchanged decision has since replaced.
+            entry.last_scale_at = observation.decision.at
         entry.history.add(decision_history.event_of(observation.decision, outcome=outcome,
                                                     apply_reason=apply_reason),
                           at=observation.at)
@@ -476,4 +482,5 @@ def _view(entry: _Entry) -> ModelStatus:
         clamps=dict(entry.clamps),
         cost=entry.cost,
         evaluation_errors=entry.evaluation_errors,
+        last_scale_at=entry.last_scale_at,
     )

@@ -62,7 +62,7 @@ def combine(
     valued = [s for s in values if not s.missing]
     if not valued:
         return None
-    newest = max(s.ts for s in valued)
+    newest = max([s.ts for s in valued])  # a list: faster than a generator for a few
     rule = signal.combine
     combined: float
     merged: histogram.Histogram | None = None
@@ -198,9 +198,20 @@ class SignalStore:
         """`value` of one series (its latest sample by source), None when never stored."""
         if latest is None:
             return None
-        self._expire_sources(latest, now)
+        # One pass finds the fresh samples and whether any is past its TTL (rarely: the
+        # expiry then runs), seven series a snapshot, one snapshot an evaluation.
+        cutoff = now - self.limits.ttl_s
+        fresh = []
+        expired = False
+        for sample in latest.values():
+            ts = sample.ts
+            if ts < cutoff:
+                expired = True
+            elif now - ts <= stale_after_s and ts <= now:
+                fresh.append(sample)
+        if expired:
+            self._expire_sources(latest, now)
         quantile = self.limits.quantile
-        fresh = [s for s in latest.values() if now - s.ts <= stale_after_s and s.ts <= now]
         value = combine(signal, fresh, now=now, stale_after_s=stale_after_s, quantile=quantile)
         if value is not None or not latest:
             return value

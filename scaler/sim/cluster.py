@@ -10,6 +10,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from scaler.engine import spare as engine_spare
 from scaler.engine import types as engine_types
 from scaler.sim import profiles, traces
 
@@ -20,6 +21,15 @@ PodPhase = Literal["pending", "starting", "ready", "draining", "gone"]
 NODE_UNNEEDED_S = 600.0
 # After the trace ends, in-flight requests get this long to finish before the run stops.
 DRAIN_TAIL_S = 600.0
+# A removed replica's requests get this long to finish: Kubernetes' default
+# terminationGracePeriodSeconds. The simulator assumes a server that drains on SIGTERM
+# (vLLM with --shutdown-timeout at least this, SGLang by default): it takes no new
+# requests (its endpoint is removed at once), keeps serving what is running and queued
+# at it, and is killed at the end of the grace period; what it still holds then is cut
+# (`SimCluster.interrupted`). vLLM's default --shutdown-timeout 0 aborts at SIGTERM:
+# grace_s=0. 8B profile, a batch of 100: ~18 ms a token, so a 1,500-token answer needs
+# ~27 s and one of 3,000 is cut halfway (docs/simulation.md, "Scale-down").
+TERMINATION_GRACE_S = 30.0
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -47,6 +57,10 @@ class Pod:
     ready_at: float | None = None
     phase: PodPhase = "pending"
     gone_at: float | None = None
+    # controller.kubernetes.io/pod-deletion-cost as last written (0: none, as Kubernetes
+    # reads an absent annotation), and when a scale-down removed the pod (its SIGTERM).
+    deletion_cost: int = 0
+    removed_at: float | None = None
 
 
 @dataclass(slots=True)
@@ -100,8 +114,10 @@ class SimCluster:
         dt: float = 0.1,
         gpus_per_replica: int | None = None,
         warmup_s: float = 0.0,
+        grace_s: float = TERMINATION_GRACE_S,
     ) -> None:
         self.trace = trace
+        self.grace_s = grace_s
         self.profile = profile
         self.pool = pool
         self.dt = dt
@@ -137,6 +153,10 @@ class SimCluster:
         self.gateway: deque[int] = deque()
         self.active: IntArray = np.zeros(0, dtype=np.int64)
         self.completed = 0
+        # Requests cut when their replica was killed at the end of its grace period
+        # (warm-up included; `interrupted_count` counts them).
+        self.interrupted = np.zeros(n, dtype=bool)
+        self.interrupted_count = 0
         # Per replica slot (slots are never reused, so arrays only grow).
         self.pods: list[Pod] = []
         self.queues: list[deque[int]] = []
@@ -281,7 +301,12 @@ class SimCluster:
                         created_at=pod.created_at, ready_at=pod.ready_at, node_boot_s=boot))
         for slot in list(self.serving_slots):
             pod = self.pods[slot]
-            if pod.phase == "draining" and not self.queues[slot] and not self.running[slot]:
+            if pod.phase != "draining":
+                continue
+            if not self.queues[slot] and not self.running[slot]:
+                self._release(pod, now=now)
+            elif pod.removed_at is not None and now - pod.removed_at >= self.grace_s - 1e-9:
+                self._cut(slot)
                 self._release(pod, now=now)
         self._autoscale_nodes(now=now)
         if became_ready and self.gateway:
@@ -290,10 +315,22 @@ class SimCluster:
             for request in held:
                 self._route(request)
 
+    def _cut(self, slot: int) -> None:
+        """Kill a draining replica: the requests running and queued at it are lost."""
+        held = self.active[self.replica[self.active] == slot]
+        queued = np.fromiter(self.queues[slot], dtype=np.int64, count=len(self.queues[slot]))
+        lost = np.concatenate((held, queued))
+        self.interrupted[lost] = True
+        self.interrupted_count += int(lost.size)
+        self.active = self.active[self.replica[self.active] != slot]
+        self.queues[slot].clear()
+        self.running[slot] = self.load[slot] = 0
+        self.kv_used[slot] = self.prefill_backlog[slot] = 0.0
+
     @property
     def drained(self) -> bool:
-        """Every accepted request (warm-up included) has finished."""
-        return self.completed == self.accepted
+        """Every accepted request (warm-up included) has finished or was cut."""
+        return self.completed + self.interrupted_count == self.accepted
 
     def starting_slots(self) -> list[int]:
         return sorted(s for s in self.live_slots if self.pods[s].phase == "starting")
@@ -304,12 +341,28 @@ class SimCluster:
         return [p for p in pods if not p.placeholder and p.phase in ("pending", "starting",
                                                                      "ready")]
 
+    def removal_order(self, *, now: float) -> list[Pod]:
+        """The replicas in the order a ReplicaSet removes them (`spare.removal_rank`):
+        unscheduled (pending, or bound to a node still booting) first, then not ready,
+        then the lowest deletion cost, then the latest ready. A pod's phase is Running
+        once scheduled (its start is mostly the model's load, after the container runs)."""
+
+        def rank(pod: Pod) -> engine_spare.RemovalRank:
+            scheduled = pod.scheduled_at is not None and pod.scheduled_at <= now + 1e-9
+            return engine_spare.removal_rank(
+                scheduled=scheduled, phase="Running" if scheduled else "Pending",
+                ready=pod.phase == "ready", cost=pod.deletion_cost, ready_at=pod.ready_at,
+                restarts=0, created_at=pod.created_at)
+
+        return sorted(self.replicas(), key=rank)
+
     def scale_to(self, desired: int, *, now: float) -> None:
         """Set spec.replicas: create pods, or remove them as a ReplicaSet would.
 
-        Removal order follows the ReplicaSet controller: unscheduled pods first, then
-        not-ready ones, then the newest ready ones. A removed ready pod drains: it takes
-        no new requests and goes (releasing its GPUs) when its queue and batch are empty.
+        Removal order follows the ReplicaSet controller (`removal_order`). A removed ready
+        pod drains: it takes no new requests and goes (releasing its GPUs) when its queue
+        and batch are empty, or is killed `grace_s` after its removal, cutting what it
+        still holds.
         """
         desired = max(0, desired)
         if desired != self.spec_replicas:
@@ -323,12 +376,13 @@ class SimCluster:
                 if not self._place_preempting(pod, now=now):
                     self._autoscale_nodes(now=now)
         elif len(pods) > desired:
-            rank = {"pending": 0, "starting": 1, "ready": 2}
-            victims = sorted(pods, key=lambda p: (rank[p.phase], -p.created_at))
-            for pod in victims[: len(pods) - desired]:
+            for pod in self.removal_order(now=now)[: len(pods) - desired]:
                 if pod.phase == "ready":
                     pod.phase = "draining"
+                    pod.removed_at = now
                     self.ready_slots.remove(pod.slot)
+                    if self.grace_s <= 0:
+                        self._cut(pod.slot)
                     if not self.queues[pod.slot] and not self.running[pod.slot]:
                         self._release(pod, now=now)
                 else:

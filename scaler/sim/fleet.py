@@ -584,8 +584,8 @@ class VariantCluster(PooledCluster):
 
     @property
     def drained(self) -> bool:
-        """Every request routed here has finished."""
-        return self.completed == self.routed
+        """Every request routed here has finished or was cut."""
+        return self.completed + self.interrupted_count == self.routed
 
     def run_step(self, now: float) -> None:
         """As SimCluster's, with the routed requests as this step's arrivals."""
@@ -643,28 +643,11 @@ class Router:
 def _equivalent_state(parts: Sequence[VariantCluster], *, capacities: Sequence[float],
                       unit: float, start_epoch_s: float, now: float
                       ) -> engine_types.ClusterState:
-    """A model's variants as `decide` reads replicas: each replica weighs its capacity in
-    units of the policy's own (an H100 replica of 40 requests is 2.5 of a policy at
-    targetPerReplica 16), so current, ready and starting are capacity-equivalent.
-
-    Rounded down: the equivalent never claims more than is held. Rounded to nearest, 6 x
-    2.82 = 16.94 would read 17, the decision 17 x 34 = 578 would be 2 above the 576 held,
-    the mix would add one more replica, and so on each cycle (measured: 14 -> 49)."""
+    """A model's variants as `decide` reads replicas, capacity-equivalent
+    (`engine.variants.equivalent_state`, as the service reads them)."""
     states = [sim_feed.cluster_state(c, start_epoch_s=start_epoch_s, now=now) for c in parts]
-    weights = [capacity / unit for capacity in capacities]
-    free = [s.free_replica_slots for s in states]
-
-    def floor(value: float) -> int:
-        return math.floor(value + 1e-9)
-
-    return engine_types.ClusterState(
-        current=floor(sum(s.current * w for s, w in zip(states, weights, strict=True))),
-        ready=floor(sum(s.ready * w for s, w in zip(states, weights, strict=True))),
-        starting=tuple(sorted(t for s, w in zip(states, weights, strict=True)
-                              for t in s.starting for _ in range(max(1, round(w))))),
-        free_replica_slots=(None if any(f is None for f in free) else
-                            sum(int((f or 0) * w) for f, w in zip(free, weights, strict=True))),
-        observations=tuple(o for s in states for o in s.observations)[-20:])
+    return engine_variants.equivalent_state(
+        states, weights=[capacity / unit for capacity in capacities])
 
 
 # ----- arbitration ---------------------------------------------------------------------------
@@ -784,6 +767,13 @@ class FleetScaler:
                     now=engine.start_epoch_s + now)
             engine.state = after
             out[member.key] = decision.desired
+        for member in members:  # deletion costs before the scale-downs, as the service
+            engine = self.engines[member.key]
+            for part in member.parts:
+                engine.annotate(clusters[part.key], desired=out[part.key], now=now,
+                                prefix=f"{part.name}/")
+            if not member.parts:
+                engine.annotate(clusters[member.key], desired=out[member.key], now=now)
         return out
 
 
@@ -871,7 +861,8 @@ def _start_parts(member: Member, fleet: Fleet, *, strategy: str) -> dict[str, in
 
 
 def replay(fleet: Fleet, *, strategy: str, dt: float = 0.1,
-           progress: run.Progress | None = None) -> FleetStrategyResult:
+           progress: run.Progress | None = None, deletion_cost: bool = True
+           ) -> FleetStrategyResult:
     """Every model of the fleet on its pool's shared nodes under one strategy, one clock.
 
     Each step: pods advance on every cluster; strategies decide when due (baselines each
@@ -879,6 +870,8 @@ def replay(fleet: Fleet, *, strategy: str, dt: float = 0.1,
     fleet step); every cluster serves its step. Once a second the GPUs held are tallied
     per pool and tier and checked against every budget's ceiling and each pool's
     unreserved GPUs. A model whose trace has ended and drained gives its GPUs back.
+    `deletion_cost=False`: `scaler` writes no pod-deletion-cost before its scale-downs
+    (the service's kube.deletion_cost.enabled off).
     """
     if strategy not in FLEET_STRATEGIES:
         raise ValueError(f"fleet mode runs {', '.join(FLEET_STRATEGIES)}, not {strategy!r}")
@@ -901,7 +894,8 @@ def replay(fleet: Fleet, *, strategy: str, dt: float = 0.1,
                 capacities=tuple(p.capacity for p in member.parts))
             if strategy == "scaler":
                 engines[member.key] = scaler_strategy.ScalerStrategy(
-                    member.policy, start_epoch_s=member.trace.start_s)
+                    member.policy, start_epoch_s=member.trace.start_s,
+                    deletion_cost=deletion_cost)
             else:
                 first = member.parts[0]
                 alone[first.key] = run.make_strategy(
@@ -915,7 +909,8 @@ def replay(fleet: Fleet, *, strategy: str, dt: float = 0.1,
             gpus_per_replica=member.gpus_per_replica, warmup_s=run.WARMUP_S)
         if strategy == "scaler":
             engines[member.key] = scaler_strategy.ScalerStrategy(
-                member.policy, start_epoch_s=member.trace.start_s)
+                member.policy, start_epoch_s=member.trace.start_s,
+                deletion_cost=deletion_cost)
         else:
             alone[member.key] = run.make_strategy(
                 strategy, policy=member.policy, profile=member.profile, trace=member.trace,
@@ -1001,6 +996,7 @@ def _merged(member: Member, parts: Sequence[VariantCluster]
         mine = other.replica >= 0
         base.first_token[mine] = other.first_token[mine]
         base.done[mine] = other.done[mine]
+        base.interrupted |= other.interrupted
     base.rejected = np.logical_and.reduce([c.rejected for c in parts])
     summary = run.summarize(base, policy=member.policy, metric=member.metric,
                             threshold=member.threshold_s, feasible_windows=set(member.feasible))
@@ -1112,7 +1108,13 @@ def _slo(summaries: Sequence[Mapping[str, float | int]]) -> dict[str, float | in
             "slo_attainment": round(within / judged, 6) if judged else 1.0,
             "p95_windows_met": round(met / windows, 6) if windows else 1.0,
             "feasible_windows": windows,
-            "unfinished": sum(int(s.get("unfinished", 0)) for s in summaries)}
+            "unfinished": sum(int(s.get("unfinished", 0)) for s in summaries),
+            "interrupted_requests": _interrupted(summaries)}
+
+
+def _interrupted(summaries: Sequence[Mapping[str, float | int]]) -> int:
+    """Requests of these models cut by a scale-down (a part of their unfinished ones)."""
+    return sum(int(s.get("interrupted_requests", 0)) for s in summaries)
 
 
 def fleet_summary(fleet: Fleet, models: Mapping[str, run.StrategyResult], *, ledger: Ledger
@@ -1132,6 +1134,7 @@ def fleet_summary(fleet: Fleet, models: Mapping[str, run.StrategyResult], *, led
         "peak_gpus": {name: ledger.peak.get(name, 0) for name in sorted(fleet.pools)},
         "budget_violations": ledger.cycles_over,
         "violations_by": dict(sorted(ledger.over.items())),
+        "interrupted_requests": _interrupted([r.summary for r in models.values()]),
         "by_tier": {tier.value: _slo([models[m.key].summary for m in fleet.members
                                       if m.tier is tier]) for tier in tiers},
     }

@@ -40,6 +40,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("max_replicas", "max repl.", "{:d}"),
     ("rejected", "rejected", "{:d}"),
     ("unfinished", "unfinished", "{:d}"),
+    ("interrupted_requests", "interrupted", "{:d}"),
 )
 
 _REQUIRED = ["requests", "completed", "slo_attainment", "p95_windows_met", "p50_latency_s",
@@ -65,6 +66,8 @@ STRATEGY_SCHEMA: dict[str, Any] = {
         "feasible_windows": _COUNT,
         "rejected": _COUNT,
         "unfinished": _COUNT,
+        # Of the unfinished: cut by a scale-down (the replica killed after its grace).
+        "interrupted_requests": _COUNT,
         "gpu_hours_lower_bound": _AMOUNT,
         "p50_latency_s": _AMOUNT,
         "p95_latency_s": _AMOUNT,
@@ -156,7 +159,7 @@ _TIER_SLO: dict[str, Any] = {
     "additionalProperties": False,
     "properties": {"models": _COUNT, "slo_attainment": _FRACTION,
                    "p95_windows_met": _FRACTION, "feasible_windows": _COUNT,
-                   "unfinished": _COUNT},
+                   "unfinished": _COUNT, "interrupted_requests": _COUNT},
 }
 FLEET_OBJECT_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -172,6 +175,8 @@ FLEET_OBJECT_SCHEMA: dict[str, Any] = {
         # exceeded, and per limit ("budget NAME", "reservation POOL/NAME") its cycles.
         "budget_violations": _COUNT,
         "violations_by": {"type": "object", "additionalProperties": _COUNT},
+        # Requests cut by scale-downs, every model's (as each model's summary counts them).
+        "interrupted_requests": _COUNT,
         "by_tier": {"type": "object", "propertyNames": {"enum": ["online", "batch", "dev"]},
                     "additionalProperties": _TIER_SLO},
     },
@@ -476,6 +481,7 @@ FLEET_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("idle_cost", "idle cost", "{:.2f}"),
     ("cost_per_1k_requests", "cost/1k req", "{:.3f}"),
     ("budget_violations", "budget viol.", "{:d}"),
+    ("interrupted_requests", "interrupted", "{:d}"),
 )
 TIER_COLOURS = {"online": READY, "batch": STARTING, "dev": NODES}
 

@@ -214,8 +214,10 @@ def summarize(
     """The contract's per-strategy numbers (DESIGN 4.4 and the cost vocabulary of 1).
 
     Rejected requests (beyond the context limit) are counted and judged by no SLO
-    figure; unfinished ones are misses. `feasible_windows` defaults to every window
-    with traffic (callers that know the profile pass `feasible(...)`).
+    figure; unfinished ones are misses. `interrupted_requests` are the unfinished ones
+    cut by a scale-down (their replica killed at the end of its grace period), a part of
+    `unfinished`. `feasible_windows` defaults to every window with traffic (callers that
+    know the profile pass `feasible(...)`).
     """
     trace = cluster.trace
     accepted = ~cluster.rejected[cluster.first:]
@@ -247,6 +249,7 @@ def summarize(
         "completed": completed,
         "rejected": rejected,
         "unfinished": trace.requests - rejected - completed,
+        "interrupted_requests": int(np.count_nonzero(cluster.interrupted[cluster.first:])),
         "slo_attainment": fraction(int(within.sum()), int(judged.size)),
         "slo_attainment_feasible": fraction(int(within[in_feasible].sum()),
                                             int(in_feasible.sum())),

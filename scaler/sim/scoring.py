@@ -24,7 +24,8 @@ BoolArray = npt.NDArray[np.bool_]
 
 def latencies(cluster: sim_cluster.SimCluster, metric: str) -> FloatArray:
     """Per-request latency of the SLO metric (trace requests only, not warm-up); NaN for
-    requests that never got there (unfinished, or rejected at the context limit)."""
+    requests that never got there (unfinished, cut by a scale-down even after their first
+    token, or rejected at the context limit)."""
     values: FloatArray
     if metric == "e2e":
         values = cluster.done - cluster.arrival
@@ -32,7 +33,7 @@ def latencies(cluster: sim_cluster.SimCluster, metric: str) -> FloatArray:
         values = (cluster.done - cluster.first_token) / np.maximum(cluster.output_tokens - 1, 1)
     else:
         values = cluster.first_token - cluster.arrival
-    return values[cluster.first:]
+    return np.where(cluster.interrupted, np.nan, values)[cluster.first:]
 
 
 def judged(cluster: sim_cluster.SimCluster, metric: str) -> FloatArray:

@@ -31,7 +31,7 @@ def test_kube_rbac_prints_the_rules(capsys: pytest.CaptureFixture[str]) -> None:
                             "metadata": {"name": "scaler", "namespace": "ops"}}
     printed = {(g, res, v) for _, g, res, v in rbac.grants(documents, subject)}
     expected = {(r.api_group, res, v) for r in rbac.RULES
-                if r.scope not in ("clusterapi", "capacitybuffer", "policies")
+                if r.scope not in ("clusterapi", "capacitybuffer", "policies", "fleet")
                 for res in r.resources for v in r.verbs}
     assert printed == expected
     lease_role = next(d for d in documents if d["metadata"]["name"] == "scaler-lease")

@@ -163,6 +163,8 @@ def test_rbac_is_exactly_what_scaler_kube_rbac_prints(
     assert not any(verb == "*" for *_, verb in granted)
     wide = {resource for where, _, resource, _ in granted if where == "*"}
     assert wide == ({"nodes", "resourceslices", "deviceclasses"} | (
+        {"gpupools", "gpubudgets", "gpupools/status", "gpubudgets/status"}
+        if settings.policies.resources else set()) | (
         {"pods", "events", "deployments/scale", "statefulsets/scale", "resourceclaims",
          "leaderworkersets/scale", "horizontalpodautoscalers", "scaledobjects"}
         if settings.kube.cluster_wide else set()))

@@ -715,3 +715,57 @@ def test_restart_aware_keeps_the_window_through_dips_and_forgets_a_pattern() -> 
     assert all(c == 8 for t, c in started if 3680 <= t)
 
 
+
+
+def _saturated(*, prompt: float, generated: float, completed: float | None = None
+               ) -> types.SignalSnapshot:
+    """200 waiting behind the ready replicas (beyond 8 per replica: all busy)."""
+    return types.SignalSnapshot(
+        arrival_rate=value(40), queue_depth=value(200), tokens_per_second=value(generated),
+        prompt_tokens_per_second=value(prompt),
+        completion_rate=None if completed is None else value(completed))
+
+
+def test_saturated_replicas_check_the_tokens_capacity_model() -> None:
+    p = policy(signals=TOKENS_AND_QUEUE, replicas={"min": 1, "max": 40})
+    sim = Sim(p, current=2)
+    # 2 saturated replicas serve 2,000 generated + 35,000 prompt tok/s: the model says
+    # 2,000 / 6,000 + 35,000 / 25,000 = 1.733 replicas of work, 0.867 per replica.
+    busy = _saturated(prompt=35_000, generated=2_000, completed=20)
+    for t in range(0, 30, 2):
+        sim.step(t, busy, ready=2)
+    assert sim.state.served_share == 1.0       # the rates still cover the time before
+    for t in range(30, 62, 2):
+        sim.step(t, busy, ready=2)
+    assert sim.state.served_share == pytest.approx(1.733 / 2, rel=1e-3)
+    # The load of one request as they serve it: 2 replicas / 20 finished per s / 0.8.
+    assert sim.state.replicas_per_request_rate == pytest.approx(0.125, rel=1e-3)
+    # Later, unsaturated: (1,000 / 6,000 + 10,000 / 25,000) / 0.8 = 0.71 by the model,
+    # 0.71 / 0.867 = 0.82 as served.
+    sim.step(70, load(rate=5, waiting=0, prompt=10_000), ready=2)
+    assert sim.last is not None
+    tokens = next(o for o in sim.last.signals if o.name == "tokens_per_second")
+    assert "seen to serve 87%" in tokens.detail
+    assert next(s for s in sim.last.steps if s.name == "load").detail.count("x 0.87") == 1
+
+
+def test_a_backlog_left_on_old_replicas_teaches_no_capacity() -> None:
+    p = policy(signals=TOKENS_AND_QUEUE, replicas={"min": 1, "max": 40})
+    sim = Sim(p, current=1)
+    # One replica holds the backlog; 3 more become ready at 20 s and serve only new
+    # arrivals, so per ready replica the work reads low (0.5 of the model): not capacity.
+    for t in range(0, 90, 2):
+        ready = 1 if t < 20 else 4
+        sim.step(t, _saturated(prompt=25_000 * ready / 2, generated=3_000 * ready / 2),
+                 ready=ready)
+    assert sim.state.served_share == 1.0
+
+
+def test_the_served_share_is_bounded() -> None:
+    p = policy(signals=TOKENS_AND_QUEUE, replicas={"min": 1, "max": 40})
+    sim = Sim(p, current=1)
+    # One replica reporting 5x what the model allows one replica: a wrong policy (or a
+    # hostile report), held to twice the model.
+    for t in range(0, 80, 2):
+        sim.step(t, _saturated(prompt=125_000, generated=0), ready=1)
+    assert sim.state.served_share == 2.0

@@ -1,5 +1,6 @@
-"""The ScalePolicy CRD: generated from the model, structural, committed as generated,
-installed on the API emulator, and every shipped example round-trips through it."""
+"""The ScalePolicy, GpuPool and GpuBudget CRDs: generated from the models, structural,
+committed as generated, installed on the API emulator, and every shipped example
+round-trips through them."""
 
 from __future__ import annotations
 
@@ -25,9 +26,12 @@ def _schema() -> dict[str, Any]:
     return dict(version["schema"]["openAPIV3Schema"])
 
 
-def test_the_committed_crd_is_the_generated_one() -> None:
-    committed = (ROOT / crd.CHART_FILE).read_text(encoding="utf-8")
-    assert committed == crd.render(), "run scripts/gen-crd and commit the result"
+@pytest.mark.parametrize("kind", crd.KINDS, ids=lambda kind: kind.kind)
+def test_the_committed_crd_is_the_generated_one(kind: crd.Kind) -> None:
+    committed = (ROOT / kind.chart_file).read_text(encoding="utf-8")
+    assert committed == crd.render(kind), "run scripts/gen-crd and commit the result"
+    assert {path.name for path in (ROOT / crd.CHART_DIR).glob("*.yaml")} == {
+        each.chart_file.name for each in crd.KINDS}
 
 
 def test_the_schema_is_structural_and_carries_the_model_rules() -> None:
@@ -146,6 +150,104 @@ async def test_status_is_a_subresource(
     assert stored["spec"]["replicas"]["max"] == policy.spec.replicas.max
 
 
+@pytest.mark.parametrize("kind", crd.KINDS, ids=lambda kind: kind.kind)
 @pytest.mark.parametrize("kube_version", ["1.30.0", "1.37.0"])
-def test_the_crd_is_a_valid_apiextensions_object(kube_version: str) -> None:
-    kubernetes_validate.validate(crd.definition(), kube_version, strict=True)
+def test_the_crd_is_a_valid_apiextensions_object(kube_version: str, kind: crd.Kind) -> None:
+    kubernetes_validate.validate(crd.definition(kind), kube_version, strict=True)
+
+
+# -- GpuPool and GpuBudget: cluster-scoped ---------------------------------------------------
+
+
+def test_pools_and_budgets_are_cluster_scoped_with_a_valid_condition() -> None:
+    for kind in crd.FLEET_KINDS:
+        definition = crd.definition(kind)
+        assert definition["spec"]["scope"] == "Cluster"
+        (version,) = definition["spec"]["versions"]
+        schema = version["schema"]["openAPIV3Schema"]
+        assert crd.structural_problems(schema) == []
+        assert "x-kubernetes-preserve-unknown-fields" not in yaml.safe_dump(schema)
+        condition = schema["properties"]["status"]["properties"]["conditions"]["items"]
+        assert condition["properties"]["type"]["enum"] == [crd.VALID]
+        assert version["additionalPrinterColumns"][-2]["name"] == "Valid"
+    pool = crd.spec_schema(crd.GPU_POOL)
+    assert pool["required"] == ["gpusPerNode", "maxNodes"]
+    reservation = pool["properties"]["reservations"]["items"]["properties"]
+    assert reservation["gpus"]["minimum"] == 1 and reservation["name"]["maxLength"] == 63
+    budget = crd.spec_schema(crd.GPU_BUDGET)
+    assert budget["properties"]["tenant"]["nullable"] is True
+    assert [rule["message"] for rule in budget["x-kubernetes-validations"]] == [
+        "set exactly one of tenant and costCenter: the policies the budget covers",
+        "guaranteedGpus is above maxGpus"]
+    assert crd.GPU_POOL.collection("ignored") == "/apis/scaler.io/v1alpha1/gpupools"
+    assert crd.GPU_BUDGET.resource_path(None, "search") == "gpubudgets/search"
+
+
+@pytest.fixture
+async def fleet_api() -> AsyncIterator[tuple[kube_emulator.KubeEmulator, aiohttp.ClientSession]]:
+    async with kube_emulator.KubeEmulator(clock=time.time) as emu, \
+            aiohttp.ClientSession() as session:
+        for kind in crd.FLEET_KINDS:
+            async with session.post(emu.url + CRDS, json=crd.definition(kind)) as answer:
+                assert answer.status == 201, await answer.text()
+        yield emu, session
+
+
+async def test_every_shipped_pool_and_budget_round_trips_through_the_api(
+        fleet_api: tuple[kube_emulator.KubeEmulator, aiohttp.ClientSession]) -> None:
+    emu, session = fleet_api
+    shipped = loader.load_paths([ROOT / "config"])
+    assert shipped.ok and shipped.pools and shipped.budgets
+    for kind, items in ((crd.GPU_POOL, shipped.pools), (crd.GPU_BUDGET, shipped.budgets)):
+        for item in items:
+            async with session.post(emu.url + kind.collection(),
+                                    json=crd.manifest(item.value)) as answer:
+                assert answer.status == 201, await answer.text()
+        async with session.get(emu.url + kind.collection()) as answer:
+            listed = await answer.json()
+        assert listed["kind"] == f"{kind.kind}List"
+        parsed = loader.LoadResult()
+        for obj in listed["items"]:
+            assert "namespace" not in obj["metadata"]
+            parsed.extend(crd.parse_resource(obj, kind))
+        assert parsed.ok, parsed.errors
+        found = parsed.pools if kind is crd.GPU_POOL else parsed.budgets
+        assert sorted((each.value.name, each.value) for each in found) == sorted(
+            (each.value.name, each.value) for each in items)
+        assert {each.path for each in found} == {f"{kind.plural}/{each.value.name}"
+                                                 for each in items}
+    # No namespaced URL serves a cluster-scoped kind.
+    async with session.get(emu.url + "/apis/scaler.io/v1alpha1/namespaces/default/gpupools"
+                           ) as answer:
+        assert answer.status == 404
+
+
+async def test_the_server_refuses_a_budget_the_schema_forbids(
+        fleet_api: tuple[kube_emulator.KubeEmulator, aiohttp.ClientSession]) -> None:
+    emu, session = fleet_api
+    body = {"apiVersion": crd.API_VERSION, "kind": "GpuBudget",
+            "metadata": {"name": "b", "namespace": "ignored"},
+            "spec": {"tenant": "not a label", "pool": "H100", "maxGpus": 0}}
+    async with session.post(emu.url + crd.GPU_BUDGET.collection(), json=body) as answer:
+        assert answer.status == 422
+        status = await answer.json()
+    assert {cause["field"] for cause in status["details"]["causes"]} == {
+        "spec.tenant", "spec.pool", "spec.maxGpus"}
+    body["spec"] = {"tenant": "search", "maxGpus": 4, "typo": 1}
+    async with session.post(emu.url + crd.GPU_BUDGET.collection(), json=body) as answer:
+        assert answer.status == 201
+        stored = await answer.json()
+    assert "typo" not in stored["spec"] and "namespace" not in stored["metadata"]
+
+
+def test_a_resource_that_breaks_the_model_is_an_error_naming_it_and_the_field() -> None:
+    pool = {"apiVersion": crd.API_VERSION, "kind": "GpuPool", "metadata": {"name": "h100"},
+            "spec": {"gpusPerNode": 8, "maxNodes": 2,
+                     "reservations": [{"name": "training", "gpus": 40}]}}
+    (error,) = crd.parse_resource(pool, crd.GPU_POOL).errors
+    assert error.path == "gpupools/h100" and error.field == "spec"
+    assert "reservations hold 40 GPUs, more than the pool's 16" in error.message
+    # A list's items carry no kind: the collection says it.
+    budget = {"metadata": {"name": "search"}, "spec": {"costCenter": "ads", "maxGpus": 8}}
+    (loaded,) = crd.parse_resource(budget, crd.GPU_BUDGET).budgets
+    assert loaded.value.spec.owner == ("cost-center", "ads")

@@ -40,7 +40,7 @@ def test_slo_inside_a_bucket_is_warned(slo: float, metric: str, warned: str | No
         assert warned in text and "sloSeconds" in text and "ns/m" in text
 
 
-def test_variants_are_warned_as_fleet_replay_only() -> None:
+def test_a_spec_target_outside_the_variants_is_warned_as_not_scaled() -> None:
     doc = copy.deepcopy(DOC)
     doc["spec"]["signals"]["p95Latency"] = {"metric": "ttft", "sloSeconds": 2.5}
     assert lint.warnings(model.ScalePolicy.model_validate(doc)) == []
@@ -48,4 +48,6 @@ def test_variants_are_warned_as_fleet_replay_only() -> None:
         {"name": "h100", "target": {"name": "m-h100"}, "nodePool": "h100", "capacity": 8},
         {"name": "l40s", "target": {"name": "m-l40s"}, "nodePool": "l40s", "capacity": 3}]
     (text,) = lint.warnings(model.ScalePolicy.model_validate(doc))
-    assert "ns/m" in text and "spec.variants" in text and "simulate --fleet" in text
+    assert "ns/m" in text and "Deployment m is neither read nor scaled" in text
+    doc["spec"]["target"] = {"name": "m-h100"}  # one of the variants: served
+    assert lint.warnings(model.ScalePolicy.model_validate(doc)) == []

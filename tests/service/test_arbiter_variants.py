@@ -67,3 +67,33 @@ def test_a_model_with_variants_is_mixed_and_its_shortfall_moves_when_a_pool_is_f
     # Forgotten with its policy.
     arbiter.set_fleet(_fleet(), keys={other.key})
     assert arbiter.mix(chat.key) is None
+
+
+def test_the_mix_is_described_with_what_bound_it() -> None:
+    # Tenant search may hold 2 L40S GPUs: the demand of 408 (12 yardstick replicas, 12
+    # L40S alone) is mixed again as 4 H100 (384) + 1 L40S (34), cheaper than 4 + 2, and
+    # the words say which budget cut the L40S variant, though its final ask of 1 fits.
+    budget = """\
+---
+apiVersion: scaler.io/v1alpha1
+kind: GpuBudget
+metadata: {name: search}
+spec: {tenant: search, pool: l40s, maxGpus: 2, borrow: true}
+"""
+    result = loader.parse_documents(POOLS + budget, "fleet.yaml")
+    assert not result.errors
+    chat = factories.policy("chat", labels={"tenant": "search"},
+                            spec={"signals": {"concurrency": {"targetPerReplica": 34}},
+                                  "variants": VARIANTS})
+    arbiter = fleet_arbiter.Arbiter()
+    assert arbiter.describe_mix(chat) is None  # before any arbitration
+    arbiter.set_fleet(policy_fleet.fleet_of(result), keys={chat.key})
+    arbiter.record_variants(chat, _decision(chat.key, desired=12), held={})
+    arbiter.arbitrate()
+    words = arbiter.describe_mix(chat)
+    assert words is not None
+    assert words.startswith("variant h100: 4, l40s: 1; cheapest mix meeting the demand of "
+                            "408 requests (serves 418 at 10.86/h")
+    assert "held h100: 0, l40s: 0" in words
+    assert words.endswith("l40s capped by tenant search: 2 of 2 GPUs; granted 2 of 12 GPUs "
+                          "asked")

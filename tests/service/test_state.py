@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from scaler.actuators import timefmt
 from scaler.engine import cost as engine_cost
 from scaler.engine import types
 from scaler.policy import loader
+from scaler.service import conditions
 from scaler.service import state as service_state
 
 from . import factories
@@ -126,3 +128,19 @@ def test_dropped_counters_and_lookup_by_name() -> None:
     status = registry.status("other/m")
     assert status is not None
     assert status.labels == {"model": "m", "namespace": "other", "target": "m"}
+
+
+def test_the_last_scale_outlives_the_decisions_after_it() -> None:
+    # The status is written at the backstop tick's pace; a scale (2 -> 3) followed within
+    # the tick by an unchanged decision (3 -> 3) must still reach lastScaleTime.
+    policy = factories.policy()
+    registry = factories.loaded_state(policy)
+    registry.record(policy.key, factories.observation(current=2, desired=3))
+    registry.record(policy.key, factories.observation(current=3, desired=3,
+                                                      at=factories.NOW + 5))
+    status = registry.status(policy.key)
+    assert status is not None and status.last is not None
+    assert status.last_scale_at == factories.NOW
+    body = conditions.status(policy, status.last, problems=(), previous=None, generation=1,
+                             now=factories.NOW + 10, last_scale_at=status.last_scale_at)
+    assert body["lastScaleTime"] == timefmt.rfc3339(factories.NOW)

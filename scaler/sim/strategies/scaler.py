@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from scaler.core import vocabulary
 from scaler.engine import decide as engine_decide
 from scaler.engine import nodes as engine_nodes
+from scaler.engine import spare as engine_spare
 from scaler.engine import types as engine_types
 from scaler.policy import model as policy_model
 from scaler.sim import cluster as sim_cluster
@@ -23,6 +25,13 @@ class ScalerStrategy:
     engine decides from `SignalStore.snapshot` and a ClusterState built from the pods,
     including starting ones and observed start timelines. If the policy has a node
     pool, the engine's node plan sets the placeholder pods.
+
+    Work-sparing scale-down, as the service does it (DESIGN, issue 16): before each
+    scale-down the pods' `pod-deletion-cost` is set from the work each reported
+    (`annotate`; `deletion_cost=False` is the service's kube.deletionCost.enabled off),
+    and a batch-tier policy's ClusterState carries the replicas reporting unfinished
+    work (`busy_replicas`, the engine's UNFINISHED_WORK clamp). Both read the same
+    per-pod reports the engine's store holds, `report_delay_s` old.
     """
 
     policy: policy_model.ScalePolicy
@@ -32,6 +41,7 @@ class ScalerStrategy:
     state: engine_types.EngineState = field(default_factory=engine_types.EngineState)
     feed: sim_feed.SignalFeed = field(init=False)
     decisions: int = 0
+    deletion_cost: bool = True
     name: str = "scaler"
 
     def __post_init__(self) -> None:
@@ -49,9 +59,41 @@ class ScalerStrategy:
         return self.feed.snapshot(now=now,
                                   stale_after_s=self.policy.spec.stale_after_seconds)
 
+    def work(self, *, now: float) -> dict[str, engine_spare.PodWork]:
+        """Each source's fresh in-flight and queued requests in the store at `now`, as
+        the service's `pod_work` reads them (sources are the feed's `pod-<slot>`; a
+        model with variants has '<variant>/pod-<slot>')."""
+        store, key = self.feed.store, self.policy.key
+        at, stale = self.start_epoch_s + now, self.policy.spec.stale_after_seconds
+        return engine_spare.work_by_source(
+            in_flight=store.per_source(key, vocabulary.Signal.IN_FLIGHT, now=at,
+                                       stale_after_s=stale),
+            queue_depth=store.per_source(key, vocabulary.Signal.QUEUE_DEPTH, now=at,
+                                         stale_after_s=stale))
+
     def cluster_state(self, cluster: sim_cluster.SimCluster, *, now: float
                       ) -> engine_types.ClusterState:
-        return sim_feed.cluster_state(cluster, start_epoch_s=self.start_epoch_s, now=now)
+        """The cluster reader's view; for a batch tier with the busy replicas added, as
+        the service's `BusyReader` adds them (the gateway's held requests, published
+        under a source of its own, count as one, as there)."""
+        state = sim_feed.cluster_state(cluster, start_epoch_s=self.start_epoch_s, now=now)
+        if self.policy.spec.tier is not vocabulary.Tier.BATCH:
+            return state
+        return dataclasses.replace(
+            state, busy_replicas=engine_spare.busy_replicas(self.work(now=now)))
+
+    def annotate(self, cluster: sim_cluster.SimCluster, *, desired: int, now: float,
+                 prefix: str = "") -> None:
+        """Before a scale-down (desired below spec.replicas), write every replica's
+        deletion cost from its reported work (`spare.costs`: a pod without a fresh report
+        gets the median of the others'), as the service's DeletionCoster does; the
+        ReplicaSet's order in `scale_to` then removes the idlest first. `prefix` names a
+        variant's sources ('<variant>/')."""
+        if not self.deletion_cost or desired >= cluster.spec_replicas:
+            return
+        pods = {f"{prefix}pod-{p.slot}": p for p in cluster.replicas()}
+        for name, cost in engine_spare.costs(pods, self.work(now=now)).items():
+            pods[name].deletion_cost = cost
 
     def decide(self, cluster: sim_cluster.SimCluster, *, now: float) -> int:
         decision, self.state = engine_decide.decide(
@@ -69,4 +111,5 @@ class ScalerStrategy:
                 demands=[engine_nodes.pool_demand(self.policy, decision)],
             )
             cluster.set_placeholders(plan.placeholder_pods, now=now)
+        self.annotate(cluster, desired=decision.desired, now=now)
         return decision.desired
