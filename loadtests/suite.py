@@ -8,6 +8,12 @@ Pareto view, with the oracle and static-peak as reference points).
 
     .venv/bin/python -m loadtests.suite --out /tmp/suite            # everything
     .venv/bin/python -m loadtests.suite --out /tmp/suite --quick    # seconds: a smoke test
+    .venv/bin/python -m loadtests.suite --out /tmp/suite --headroom replicas=1 \
+        --headroom fraction=0.25   # also the scaler with spare capacity: its price
+
+A `--headroom` variant is the scaler strategy on the policy with `spec.headroom` set, named
+`scaler+1` (one spare replica) or `scaler+25%` (a quarter more capacity), beside the
+others in the tables and on each trace's GPU-hours/windows picture.
 
 Shared traces are read from `../shared/traces` beside the repository (or
 `$SCALER_TRACES`); what is absent is skipped with a line saying so.
@@ -31,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests import scenarios
-from scaler.policy import loader
+from scaler.policy import loader, model
 from scaler.sim import profiles, report, run, strategies, traces
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,13 +127,44 @@ def jobs_for(names: Sequence[str]) -> list[tuple[str, ...]]:
     return [*((n,) for n in names if n not in PLAN_GROUP), *([planned] if planned else [])]
 
 
-def run_job(item: Item, names: tuple[str, ...], policy_path: Path) -> dict[str, Any]:
-    """One process's work: load the trace and policy, simulate the strategies."""
+def headroom_variant(text: str) -> tuple[str, dict[str, float]]:
+    """`replicas=N` or `fraction=F` -> (strategy label, `spec.headroom`): ("scaler+1",
+    {"replicas": 1}), ("scaler+25%", {"fraction": 0.25})."""
+    key, _, number = text.partition("=")
+    try:
+        amount = float(number)
+    except ValueError:
+        amount = math.nan
+    if key == "replicas" and amount >= 1 and amount.is_integer():
+        return f"scaler+{int(amount)}", {"replicas": int(amount)}
+    if key == "fraction" and 0 < amount <= 10:
+        return f"scaler+{amount:.0%}", {"fraction": amount}
+    raise argparse.ArgumentTypeError(
+        f"--headroom {text!r}: want replicas=N (N >= 1) or fraction=F (0 < F <= 10)")
+
+
+def with_headroom(policy: model.ScalePolicy, headroom: dict[str, float]) -> model.ScalePolicy:
+    """The policy with `spec.headroom` replaced, validated as a policy file would be."""
+    document = policy.model_dump(by_alias=True, exclude_none=True)
+    document["spec"]["headroom"] = headroom
+    return model.ScalePolicy.model_validate(document)
+
+
+def run_job(item: Item, names: tuple[str, ...], policy_path: Path,
+            variants: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+    """One process's work: load the trace and policy, simulate the strategies (a headroom
+    variant's label runs the scaler on the policy with that headroom)."""
     started = time.perf_counter()
     policy = loader.load_paths([policy_path]).policies[0]
     profile = profiles.load_profile(policy.spec.profile or "llama-3.1-8b-h100")
     trace = item.load()
-    result = run.simulate(trace, policy=policy, profile=profile, names=names)
+    variant = (variants or {}).get(names[0]) if len(names) == 1 else None
+    if variant is not None:
+        result = run.simulate(trace, policy=with_headroom(policy, variant), profile=profile,
+                              names=("scaler",))
+        result.results[names[0]] = result.results.pop("scaler")
+    else:
+        result = run.simulate(trace, policy=policy, profile=profile, names=names)
     return {"item": item.name, "names": list(names),
             "summaries": {n: r.summary for n, r in result.results.items()},
             "missed": {n: missed_windows(r.series, result.slo_threshold_s)
@@ -182,7 +219,8 @@ def pareto_png(name: str, summaries: dict[str, dict[str, float | int]]) -> str:
         axis.scatter([x], [y], s=60 if reference else 40,
                      marker={"oracle": "*", "static-peak": "s", "oracle-rate": "D"}.get(
                          strategy, "o"),
-                     color="#222222" if reference else "#1f77b4", zorder=3)
+                     color="#222222" if reference else "#2ca02c" if "+" in strategy
+                     else "#1f77b4", zorder=3)
         # The two references often sit close together: the oracle's label goes below.
         axis.annotate(strategy, (x, y), xytext=(5, -11 if strategy == "oracle" else 4),
                       textcoords="offset points", fontsize=8)
@@ -291,10 +329,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"tiny scenarios, {' and '.join(QUICK_STRATEGIES)}, no shared "
                         "traces: seconds, for tests")
     parser.add_argument("--only", default=None, help="comma-separated trace names to run")
+    parser.add_argument("--headroom", action="append", default=[], type=headroom_variant,
+                        metavar="replicas=N|fraction=F",
+                        help="also run the scaler with this spec.headroom (repeatable)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     names = (tuple(n.strip() for n in args.strategies.split(",") if n.strip())
              if args.strategies else QUICK_STRATEGIES if args.quick else strategies.STRATEGIES)
+    variants = dict(args.headroom)
     unknown = [n for n in names if n not in strategies.NAMES]
     if unknown or args.workers < 1:
         say(f"suite: unknown strategies {unknown} (choose from {', '.join(strategies.NAMES)})"
@@ -319,6 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         items = [i for i in items if i.name in keep]
     policy = loader.load_paths([args.policy]).policies[0]
     profile = profiles.load_profile(policy.spec.profile or "llama-3.1-8b-h100")
+    names = (*names, *(label for label in variants if label not in names))
     document: dict[str, Any] = {"policy": policy.name, "strategies": list(names),
                                 "workers": args.workers, "quick": args.quick,
                                 "scenarios": {}, "skipped": skipped}
@@ -338,7 +381,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"suite: {len(jobs)} jobs ({len(items)} traces x {len(names)} strategies) on "
         f"{args.workers} worker processes")
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        futures = [pool.submit(run_job, item, group, args.policy) for item, group in jobs]
+        futures = [pool.submit(run_job, item, group, args.policy, variants)
+                   for item, group in jobs]
         for done, future in enumerate(as_completed(futures), start=1):
             outcome = future.result()
             entry = document["scenarios"][outcome["item"]]

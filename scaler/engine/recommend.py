@@ -75,12 +75,21 @@ def opinion(
     detail: str,
 ) -> Opinion:
     """A rule's opinion with its reason; `demand` None means no opinion."""
+    return _reading(rule, value=None if value is None else value.value,
+                    age_s=None if value is None else value.age_s, fresh=fresh,
+                    demand=demand, detail=detail)
+
+
+def _reading(rule: types.Rule, *, value: float | None, age_s: float | None, fresh: bool,
+             demand: float | None, detail: str) -> Opinion:
+    """`opinion` from the value and age themselves: a reading combined from several
+    signals (concurrency, tokens/s) needs no SignalValue built only to be read back."""
     if demand is not None:
         demand = bounded(demand)
     reason = types.SignalReason(
         name=rule,
-        value=None if value is None else value.value,
-        age_s=None if value is None else value.age_s,
+        value=value,
+        age_s=age_s,
         fresh=fresh,
         recommendation=None if demand is None else ceil_replicas(demand),
         detail=detail,
@@ -116,10 +125,9 @@ def concurrency(
         parts = [v for v in (running, waiting) if v is not None and v.fresh]
         total = sum([v.value for v in parts])  # inf, not OverflowError, at 1e308
         detail = f"({total:g} running+waiting) / {rule.target_per_replica:g} per replica"
-        combined = types.SignalValue(value=total, age_s=max([v.age_s for v in parts]),
-                                     fresh=True)
-        return opinion(types.Rule.CONCURRENCY, value=combined, fresh=True,
-                       demand=total / rule.target_per_replica, detail=detail)
+        return _reading(types.Rule.CONCURRENCY, value=total,
+                        age_s=max([v.age_s for v in parts]), fresh=True,
+                        demand=total / rule.target_per_replica, detail=detail)
     return _unusable(types.Rule.CONCURRENCY, "in-flight count", running)
 
 
@@ -176,14 +184,11 @@ def tokens_per_second(
     shares = [(name, v.value, cap) for name, v, cap in parts if v is not None]
     busy = sum([value / cap for _, value, cap in shares])
     detail = " + ".join([f"{value:g} {name} tok/s / {cap:g}" for name, value, cap in shares])
-    combined = types.SignalValue(
-        value=sum([value for _, value, _ in shares]),  # inf, not OverflowError, at 1e308
-        age_s=max([v.age_s for _, v, _ in parts if v is not None]),
-        fresh=True,
-    )
-    return opinion(types.Rule.TOKENS_PER_SECOND, value=combined, fresh=True,
-                   demand=busy / rule.target_utilization,
-                   detail=f"({detail}) / {rule.target_utilization:g} utilisation")
+    return _reading(types.Rule.TOKENS_PER_SECOND,
+                    value=sum([value for _, value, _ in shares]),  # inf, not OverflowError
+                    age_s=max([v.age_s for _, v, _ in parts if v is not None]), fresh=True,
+                    demand=busy / rule.target_utilization,
+                    detail=f"({detail}) / {rule.target_utilization:g} utilisation")
 
 
 def overloaded(spec: engine_spec.EngineSpec, *, snapshot: types.SignalSnapshot, ready: int

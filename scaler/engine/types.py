@@ -316,8 +316,8 @@ class Rule(enum.StrEnum):
 
     @property
     def kind(self) -> OpinionKind:
-        # A table, not `self is Rule.X` tests: a member read through its class is a
-        # descriptor call, and the kind is asked about 14 times a decision.
+        # A table, not `self is Rule.X` tests: reading a member through its class takes
+        # about 0.1 us (ten times a global), and the kind is asked 14 times a decision.
         return _RULE_KINDS[self]
 
 

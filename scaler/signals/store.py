@@ -59,7 +59,8 @@ def combine(
     the newest contributing sample; freshness is decided here, once. None when no sample
     has a value.
     """
-    valued = [s for s in values if not s.missing]
+    # `Sample.missing` spelled out: a property call a sample, about 8 a snapshot.
+    valued = [s for s in values if s.value is not None or s.histogram is not None]
     if not valued:
         return None
     newest = max([s.ts for s in valued])  # a list: faster than a generator for a few
@@ -247,10 +248,10 @@ class SignalStore:
         series = self._models.get(model)
         if series is None:
             return types.SignalSnapshot()  # nothing stored: every signal missing
+        latency = vocabulary.Signal.P95_LATENCY  # read through its class once, not 7 times
         return types.SignalSnapshot.of({
             signal: self._combined(
-                signal, series.get((signal, latency_metric if signal is
-                                    vocabulary.Signal.P95_LATENCY else None)),
+                signal, series.get((signal, latency_metric if signal is latency else None)),
                 now=now, stale_after_s=stale_after_s)
             for signal in vocabulary.DEMAND_SIGNALS
         })

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -50,3 +51,23 @@ def test_bad_arguments_exit_2(tmp_path: Path) -> None:
     assert suite.main(["--out", str(tmp_path), "--quick", "--strategies", "magic"]) == 2
     assert suite.main(["--out", str(tmp_path), "--quick", "--workers", "0"]) == 2
     assert suite.main(["--out", str(tmp_path), "--quick", "--only", "nothing"]) == 2
+
+
+def test_a_headroom_variant_runs_beside_the_scaler_and_costs_more(tmp_path: Path) -> None:
+    assert suite.main(["--out", str(tmp_path), "--quick", "--workers", "2",
+                       "--headroom", "replicas=1"]) == 0
+    document = json.loads((tmp_path / "summary.json").read_text())
+    assert document["strategies"] == [*suite.QUICK_STRATEGIES, "scaler+1"]
+    for name, entry in document["scenarios"].items():
+        spare, plain = entry["strategies"]["scaler+1"], entry["strategies"]["scaler"]
+        # One replica more held whenever the scaler holds any: it costs GPU-hours.
+        assert spare["gpu_hours"] > plain["gpu_hours"], name
+        assert "scaler+1" in entry["missed"]
+
+
+def test_headroom_variants_are_named_and_checked() -> None:
+    assert suite.headroom_variant("replicas=2") == ("scaler+2", {"replicas": 2})
+    assert suite.headroom_variant("fraction=0.25") == ("scaler+25%", {"fraction": 0.25})
+    for bad in ("replicas=0", "replicas=1.5", "fraction=0", "fraction=x", "spare=1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--headroom"):
+            suite.headroom_variant(bad)
