@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from scaler.actuators import settings as kube_settings
+from scaler.core import backoff as core_backoff
 from scaler.engine import types
 from scaler.policy import model
+from scaler.service import settings
 from scaler.service import state as service_state
 
 NOW = 1_764_410_000.0  # 2025-11-29T09:53:20Z, a fixed wall-clock instant
@@ -96,3 +100,22 @@ def loaded_state(*policies: model.ScalePolicy) -> service_state.ServiceState:
         policies, status=service_state.PolicyLoadStatus(at=NOW, policies=len(policies))
     )
     return registry
+
+
+def loopback_settings(*, nats_url: str, kube_url: str, policies: Path, audit: Path,
+                      dry_run: bool = False) -> settings.Settings:
+    """A service on loopback for end-to-end tests: NATS and the API at the given URLs,
+    policies polled from `policies`, fast ticks, an ephemeral HTTP port, no metrics API."""
+    return settings.load_settings(environ={}).model_copy(update={
+        "nats": settings.NatsSettings(
+            servers=(nats_url,), reconnect=core_backoff.Backoff(base_delay_s=0.05)),
+        "kube": kube_settings.KubeSettings(
+            host=kube_url, dry_run=dry_run,
+            lease=kube_settings.LeaseSettings(namespace="scaler", retry_period_s=0.2,
+                                              renew_deadline_s=5.0)),
+        "http": settings.HttpSettings(host="127.0.0.1", port=0),
+        "metrics_api": settings.MetricsApiSettings(enabled=False),
+        "engine": settings.EngineSettings(backstop_tick_seconds=0.5, coalesce_seconds=0.05),
+        "policies": settings.PolicySettings(paths=[policies], reload_poll_seconds=0.1),
+        "audit": settings.AuditSettings(path=audit),
+    })

@@ -19,13 +19,12 @@ import pytest
 from scaler import cli
 from scaler import emulator as kube_emulator
 from scaler.actuators import base as actuators
-from scaler.actuators import settings as kube_settings
-from scaler.core import backoff as core_backoff
 from scaler.engine import types
 from scaler.policy import loader, model
-from scaler.service import runner, settings
+from scaler.service import runner
 from scaler.service import variants as service_variants
 
+from . import factories
 from .test_end_to_end import ConfigMapDir, eventually, nats_url
 
 FIXTURES = (nats_url,)  # the real nats-server of the end-to-end tests, used by name
@@ -98,19 +97,9 @@ async def _service(nats_url: str, emulator: kube_emulator.KubeEmulator, tmp_path
                    dry_run: bool) -> runner.Service:
     folder = ConfigMapDir(tmp_path / "policies")
     folder.publish({"chat.yaml": POLICY, "pools.yaml": POOLS})
-    config = settings.load_settings(environ={}).model_copy(update={
-        "nats": settings.NatsSettings(
-            servers=(nats_url,), reconnect=core_backoff.Backoff(base_delay_s=0.05)),
-        "kube": kube_settings.KubeSettings(
-            host=emulator.url, dry_run=dry_run,
-            lease=kube_settings.LeaseSettings(namespace="scaler", retry_period_s=0.2,
-                                              renew_deadline_s=5.0)),
-        "http": settings.HttpSettings(host="127.0.0.1", port=0),
-        "metrics_api": settings.MetricsApiSettings(enabled=False),
-        "engine": settings.EngineSettings(backstop_tick_seconds=0.5, coalesce_seconds=0.05),
-        "policies": settings.PolicySettings(paths=[folder.root], reload_poll_seconds=0.1),
-        "audit": settings.AuditSettings(path=tmp_path / "audit.jsonl"),
-    })
+    config = factories.loopback_settings(nats_url=nats_url, kube_url=emulator.url,
+                                         policies=folder.root, audit=tmp_path / "audit.jsonl",
+                                         dry_run=dry_run)
     running = runner.Service(config)
     await running.start()
     await eventually(lambda: running.state.ready and bool(running.state.leader),
