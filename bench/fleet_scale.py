@@ -1,6 +1,6 @@
 """Scale of one instance: one full evaluation cycle of 1,000 and 10,000 models, and memory.
 
-Usage: .venv/bin/python bench/fleet_scale.py [--models 1000 10000] [--cycles 5]
+Usage: .venv/bin/python bench/fleet_scale.py [--models 1000 10000] [--cycles 66]
                                                [--pools 10] [--tenants 20] [--json OUT]
 
 Per model count N, on one core (sched_setaffinity): N ScalePolicies spread over --pools
@@ -21,8 +21,12 @@ bench/signals_ingest.py, and not counted here). Then, per cycle (the clock moves
 
 Times are CPU seconds of this process (`time.process_time`, so a busy shared machine
 inflates them less than wall time; wall time of the reactor cycle is printed beside).
-The first cycle is left out; the figure is the median of the rest (for the reactor also
-the mean, the collector's share, evaluations per model and CPU per evaluation). The
+Two figures each: *filling*, the median of cycles 2 to 5 (the first is left out), while
+the windows are still short; and *steady*, the median of the cycles after the longest
+window has filled (the 300 s scale-down stabilization: from cycle 62 of 5 s on), which is
+what a long-running instance pays (`decide` scans its windows whole). For the reactor
+also the mean, the collector's share, evaluations per model and CPU per evaluation. With
+--cycles below 62 only the filling figures are printed. The
 collector runs as `scaler run` sets it (`runner.tune_collector`: start-up frozen, young
 collections every 20,000 allocations).
 Memory: tracemalloc's traced bytes after the cycles (policies, store, engine states,
@@ -63,6 +67,7 @@ from tests.service import fakes  # noqa: E402
 NAMESPACE = "bench"
 START = 1_796_018_400.0
 CYCLE_S = 5.0
+FILLING = slice(1, 5)  # cycles 2 to 5
 GPUS_PER_REPLICA = (1, 2, 8)
 LE = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 
@@ -244,33 +249,55 @@ class CollectorTime:
             self.total_s += time.process_time() - self.started
 
 
+def steady_from(policies: list[model.ScalePolicy]) -> int:
+    """The first cycle (0-based) whose windows are full: one past the longest scale-down
+    stabilization window (300 s by default: 60 cycles of 5 s, so cycle index 61)."""
+    longest = max(p.spec.behavior.scale_down.stabilization_seconds for p in policies)
+    return int(longest / CYCLE_S) + 1
+
+
+def phases(cycles: int, steady: int) -> dict[str, slice]:
+    """The cycles each figure is the median of: filling always, steady once reached."""
+    chosen = {"": FILLING}
+    if cycles > steady:
+        chosen["steady_"] = slice(steady, cycles)
+    return chosen
+
+
 def measure(models: int, *, cycles: int, pools: int, tenants: int) -> dict[str, Any]:
     instance = Instance.build(models, pools=pools, tenants=tenants)
-    engine_s, arbitrate_s = [], []
+    engine_s, arbitrate_s, capped_by_cycle = [], [], []
     for cycle in range(cycles):
         engine_s.append(instance.cycle(cycle))
         arbitrate_s.append(arbitrate_alone(instance))
-    grants = [instance.arbiter.grant(p.key) for p in instance.policies]
-    capped = sum(1 for g in grants if g is not None and g.reason.startswith("capped"))
+        grants = [instance.arbiter.grant(p.key) for p in instance.policies]
+        capped_by_cycle.append(
+            sum(1 for g in grants if g is not None and g.reason.startswith("capped")))
     reactor_cpu, reactor_wall, collected, evaluations = asyncio.run(
         reactor_cycles(instance.policies, instance.fleet, models=models, cycles=cycles))
     gc.unfreeze()
-    return {
-        "models": models, "pools": pools, "budgets": len(instance.fleet.budgets),
-        "cycles_timed": cycles - 1, "capped_models": capped,
-        "engine_cycle_cpu_s": round(statistics.median(engine_s[1:]), 3),
-        "engine_per_model_us": round(statistics.median(engine_s[1:]) / models * 1e6, 1),
-        "arbitrate_cpu_ms": round(statistics.median(arbitrate_s[1:]) * 1000, 2),
-        "reactor_cycle_cpu_s": round(statistics.median(reactor_cpu[1:]), 3),
-        "reactor_cycle_wall_s": round(statistics.median(reactor_wall[1:]), 3),
-        # The mean too: a full collection lands in one cycle of several.
-        "reactor_cycle_cpu_mean_s": round(statistics.mean(reactor_cpu[1:]), 3),
-        "reactor_gc_cpu_mean_s": round(statistics.mean(collected[1:]), 3),
-        "reactor_evaluations_per_model": round(
-            statistics.mean(evaluations[1:]) / models, 2),
-        "reactor_per_evaluation_us": round(
-            sum(reactor_cpu[1:]) / sum(evaluations[1:]) * 1e6, 1),
-    }
+    steady = steady_from(instance.policies)
+    result: dict[str, Any] = {"models": models, "pools": pools,
+                              "budgets": len(instance.fleet.budgets), "cycles": cycles,
+                              "steady_from_cycle": steady + 1}
+    for prefix, part in phases(cycles, steady).items():
+        engine, reactor = engine_s[part], reactor_cpu[part]
+        result.update({
+            f"{prefix}capped_models": capped_by_cycle[part][-1],
+            f"{prefix}engine_cycle_cpu_s": round(statistics.median(engine), 3),
+            f"{prefix}engine_per_model_us": round(statistics.median(engine) / models * 1e6, 1),
+            f"{prefix}arbitrate_cpu_ms": round(statistics.median(arbitrate_s[part]) * 1000, 2),
+            f"{prefix}reactor_cycle_cpu_s": round(statistics.median(reactor), 3),
+            f"{prefix}reactor_cycle_wall_s": round(statistics.median(reactor_wall[part]), 3),
+            # The mean too: a full collection lands in one cycle of several.
+            f"{prefix}reactor_cycle_cpu_mean_s": round(statistics.mean(reactor), 3),
+            f"{prefix}reactor_gc_cpu_mean_s": round(statistics.mean(collected[part]), 3),
+            f"{prefix}reactor_evaluations_per_model": round(
+                statistics.mean(evaluations[part]) / models, 2),
+            f"{prefix}reactor_per_evaluation_us": round(
+                sum(reactor) / sum(evaluations[part]) * 1e6, 1),
+        })
+    return result
 
 
 def memory(models: int, *, cycles: int, pools: int, tenants: int) -> dict[str, Any]:
@@ -302,7 +329,8 @@ def calibration() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=int, nargs="+", default=[1000, 10000])
-    parser.add_argument("--cycles", type=int, default=5)
+    parser.add_argument("--cycles", type=int, default=66,
+                        help="cycles of 5 s; from 62 on the windows are full (default 66)")
     parser.add_argument("--pools", type=int, default=10)
     parser.add_argument("--tenants", type=int, default=20)
     parser.add_argument("--json", type=Path, help="write the results here")

@@ -8,6 +8,7 @@ taken, zero budget violations, and scaler's GPU-hours against every baseline tha
 the same online SLO.
 
     .venv/bin/python -m loadtests.fleet [--fleet FLEET.yaml] [--json OUT] [--report OUT.html]
+                                        [--no-deletion-cost]
 
 Two fleets ship here: fleet.yaml (20 minutes: 20 windows per model, so one miss is 0.95;
 what the tests build on) and long.yaml (the same pool, budgets and policies over the whole
@@ -30,10 +31,12 @@ EXAMPLE = Path(__file__).resolve().parent / "fleet.yaml"
 ONLINE_BAR = 0.99
 
 
-def _replay(path: Path, seed: int, strategy: str) -> tuple[fleet.FleetStrategyResult, float]:
+def _replay(path: Path, seed: int, strategy: str, deletion_cost: bool
+            ) -> tuple[fleet.FleetStrategyResult, float]:
     started = time.monotonic()
     loaded = fleet.load_fleet(path, seed=seed)
-    return fleet.replay(loaded, strategy=strategy), time.monotonic() - started
+    return (fleet.replay(loaded, strategy=strategy, deletion_cost=deletion_cost),
+            time.monotonic() - started)
 
 
 def quality_bar(result: fleet.FleetResult) -> list[tuple[str, str, bool]]:
@@ -77,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--strategies", default=",".join(fleet.FLEET_STRATEGIES))
     parser.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1))
+    parser.add_argument("--no-deletion-cost", dest="deletion_cost", action="store_false",
+                        help="scaler writes no pod-deletion-cost (as scaler simulate's flag)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--report", type=Path)
     args = parser.parse_args(argv)
@@ -90,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     started = time.monotonic()
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        futures = {n: pool.submit(_replay, args.fleet, args.seed, n) for n in names}
+        futures = {n: pool.submit(_replay, args.fleet, args.seed, n, args.deletion_cost)
+                   for n in names}
         outcomes = {n: f.result() for n, f in futures.items()}
     result = fleet.FleetResult(fleet=loaded, seed=args.seed,
                                results={n: outcomes[n][0] for n in names})

@@ -33,6 +33,8 @@ class ApplyOutcome:
       None when it could not be read.
     desired: what we wanted (after clamping, e.g. to a MachineDeployment's max).
     reason: one line for logs and the audit trail.
+    owner: the HPA or KEDA ScaledObject that scales the target (SKIPPED_HPA_OWNED), as
+      'HorizontalPodAutoscaler/<name>'; None otherwise.
     """
 
     outcome: Outcome
@@ -40,6 +42,7 @@ class ApplyOutcome:
     previous: int | None
     desired: int
     reason: str = ""
+    owner: str | None = None
 
     @property
     def written(self) -> bool:
@@ -51,6 +54,22 @@ class ClusterReader(Protocol):
     """What the engine needs to know about a policy's target, read from the cluster."""
 
     async def read(self, policy: model.ScalePolicy) -> types.ClusterState: ...
+
+
+@runtime_checkable
+class PodNamer(Protocol):
+    """A cluster reader that names the live pods of a policy's target (those its latest
+    `read` counted as replicas); None when it cannot."""
+
+    def pod_names(self, policy: model.ScalePolicy) -> frozenset[str] | None: ...
+
+
+@runtime_checkable
+class VariantBusyReader(Protocol):
+    """A cluster reader that counts one variant's replicas reporting unfinished work:
+    `view` is `policy` as that variant, read just before; None = no such count."""
+
+    def variant_busy(self, policy: model.ScalePolicy, view: model.ScalePolicy) -> int | None: ...
 
 
 @runtime_checkable

@@ -122,6 +122,9 @@ class KubeClusterReader:
         # target key -> the exclusion notes last posted as an Event on it (a policy with
         # variants has one target per variant, each on its own pool)
         self._posted: dict[str, tuple[str, ...]] = {}
+        # target key -> names of the live pods its Scale selector selected at its latest
+        # read (`pod_names`: whose reports are a variant's own)
+        self._target_pods: dict[str, frozenset[str]] = {}
         # namespace (ALL_NAMESPACES when cluster-wide) -> its pod informer and task
         self.pods: dict[str, watch.Informer] = {}
         self._pod_tasks: dict[str, asyncio.Task[None]] = {}
@@ -383,6 +386,12 @@ class KubeClusterReader:
                     f"(last error: {late.last_error})")
         return None
 
+    def pod_names(self, policy: model.ScalePolicy) -> frozenset[str] | None:
+        """Names of the live pods the target's Scale selector selected at its latest
+        `read` (None before one, or when its Scale shows no selector)."""
+        ref = resources.target_ref(policy, plurals=self.settings.resource_plurals)
+        return self._target_pods.get(ref.key)
+
     async def read(self, policy: model.ScalePolicy) -> types.ClusterState:
         ref = resources.target_ref(policy, plurals=self.settings.resource_plurals)
         await self.wait_synced(ref.namespace)
@@ -401,7 +410,9 @@ class KubeClusterReader:
             starting = tuple(sorted(p.created_at for p in mine if not p.ready))
             observations = self.observations(ref.namespace, selector)
             sm_active = self.sm_active(p for p in mine if p.ready)
+            self._target_pods[ref.key] = frozenset(p.name for p in mine)
         else:
+            self._target_pods.pop(ref.key, None)
             # A scale subresource without a selector: trust its replica count as ready.
             ready = int((scale.get("status") or {}).get("replicas") or 0)
             starting, observations, sm_active = (), (), None

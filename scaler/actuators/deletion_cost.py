@@ -204,3 +204,22 @@ class BusyReader:
             return state
         return dataclasses.replace(state, busy_replicas=spare.busy_replicas(
             self.work(policy)))
+
+    def variant_busy(self, policy: model.ScalePolicy, view: model.ScalePolicy) -> int | None:
+        """The replicas of one variant of a batch-tier `policy` reporting unfinished work
+        (`view`: the policy as that variant, `service.variants.views`, read just before).
+
+        A report is the variant's when its source names a live pod of the variant's
+        target: the pods its Scale selector selects, the ones the reader counted as that
+        variant's replicas. A source naming no such pod (a gateway, a pod of another
+        variant, a pod already gone) keeps nothing. None for other tiers, and when the
+        inner reader cannot name pods.
+        """
+        if policy.spec.tier is not vocabulary.Tier.BATCH or not isinstance(self.inner,
+                                                                          base.PodNamer):
+            return None
+        pods = self.inner.pod_names(view)
+        if pods is None:
+            return None
+        return spare.busy_replicas({name: each for name, each in self.work(policy).items()
+                                    if name in pods})

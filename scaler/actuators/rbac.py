@@ -65,8 +65,9 @@ RULES: tuple[Rule, ...] = (
          "targets' rules, where the targets are)"),
     Rule("scaler.io", ("scalepolicies/status",), ("patch",), "policies",
          "the leader writes each ScalePolicy resource's status"),
-    Rule("scaler.io", ("gpupools", "gpubudgets"), ("list", "watch"), "fleet",
-         "GpuPool and GpuBudget resources (only with policies.resources; cluster-scoped)"),
+    Rule("scaler.io", ("gpupools", "gpubudgets"), ("get", "list", "watch"), "fleet",
+         "GpuPool and GpuBudget resources (only with policies.resources; cluster-scoped; "
+         "get as well, which kubectl and users reading one object need)"),
     Rule("scaler.io", ("gpupools/status", "gpubudgets/status"), ("patch",), "fleet",
          "the leader writes each GpuPool's and GpuBudget's Valid condition"),
     Rule("coordination.k8s.io", ("leases",), ("get", "create", "update"), "lease",

@@ -182,11 +182,12 @@ class KubeReplicaActuator:
         return next((owner for owner, target in cached.refs
                      if resources.same_target(ref, target)), None)
 
-    async def _check(self, policy: model.ScalePolicy, decision: types.Decision
-                     ) -> _Checked | base.ApplyOutcome:
+    async def _check(self, policy: model.ScalePolicy, decision: types.Decision, *,
+                     variant: bool = False) -> _Checked | base.ApplyOutcome:
         """Everything before the write: leader, owner, the Scale read, the decision made on
         what the cluster still has, anything to change, dry-run. A `_Checked` is ready to
-        write; an outcome says why nothing is to be written."""
+        write; an outcome says why nothing is to be written. `variant`: the target is one
+        of a model's variants (`apply_all`), which the Event of an owned target says."""
         ref = resources.target_ref(policy, plurals=self.settings.resource_plurals)
 
         def outcome(kind: base.Outcome, previous: int | None, reason: str) -> base.ApplyOutcome:
@@ -201,12 +202,15 @@ class KubeReplicaActuator:
         if owner is not None:
             if (ref.key, owner) not in self._announced:
                 self._announced.add((ref.key, owner))
-                message = (f"{owner} scales this object; scaler will not patch it and serves "
-                           "its decisions through the external metrics API instead")
+                message = (f"{owner} scales this object; scaler will not patch it and "
+                           + (f"counts its replicas in the mix of ScalePolicy {policy.key}'s "
+                              "variants" if variant else
+                              "serves its decisions through the external metrics API instead"))
                 log.warning("%s: %s", ref.key, message)
                 await self.recorder.record(ref, reason="ScalerSkipped", message=message,
                                            warning=True)
-            return outcome(base.Outcome.SKIPPED_HPA_OWNED, None, f"owned by {owner}")
+            return base.ApplyOutcome(base.Outcome.SKIPPED_HPA_OWNED, ref.key, None,
+                                     decision.desired, f"owned by {owner}", owner=owner)
         try:
             scale = await self.api.get(ref.scale_path)
         except kube.KubeError as error:
@@ -260,18 +264,24 @@ class KubeReplicaActuator:
         """Implements `base.MixActuator`: every part checked, then written, scale-ups
         first (a mix left half-written then errs on the side of capacity).
 
-        A part refused by its checks (not the leader, owned by an HPA, the Scale not
-        readable, spec.replicas moved) writes none, and the parts that passed report that
-        refusal's outcome. A write refused after others landed (the patch's own
-        precondition, the API) stops the rest the same way; Kubernetes has no
-        transaction over several objects, so that is the one half-applied case, reported
-        (see `service.variants.combined`) and decided again by the caller.
+        A part refused by its checks (not the leader, owned by an HPA while the mix
+        would change it, the Scale not readable, spec.replicas moved) writes none, and
+        the parts that passed report that refusal's outcome. A part owned by an HPA that
+        the mix leaves at its count (`decision.changed` False: the caller counts it as
+        it is) is no refusal: it reports SKIPPED_HPA_OWNED with its owner, and the rest
+        are written. A write refused after others landed (the patch's own precondition,
+        the API) stops the rest the same way; Kubernetes has no transaction over several
+        objects, so that is the one half-applied case, reported (see
+        `service.variants.combined`) and decided again by the caller.
         """
-        checked = [await self._check(policy, decision) for policy, decision in parts]
+        checked = [await self._check(policy, decision, variant=True)
+                   for policy, decision in parts]
         out: list[base.ApplyOutcome | None] = [
             c if isinstance(c, base.ApplyOutcome) else None for c in checked]
-        refused = next((o for o in out if o is not None and o.outcome not in (
-            base.Outcome.UNCHANGED, base.Outcome.DRY_RUN)), None)
+        refused = next((o for o, (_, decision) in zip(out, parts, strict=True)
+                        if o is not None and o.outcome not in (
+                            base.Outcome.UNCHANGED, base.Outcome.DRY_RUN)
+                        and not (o.owner is not None and not decision.changed)), None)
         ready = [(i, c) for i, c in enumerate(checked) if isinstance(c, _Checked)]
         ready.sort(key=lambda item: item[1].decision.desired < item[1].current)
         for i, item in ready:

@@ -110,6 +110,7 @@ DEMAND_SIGNALS: Final = (
     Signal.P95_LATENCY,
     Signal.ARRIVAL_RATE,
     Signal.COMPLETION_RATE,
+    Signal.KV_CACHE_USAGE,
 )
 """The signals the engine reads: exactly the fields of `engine.types.SignalSnapshot`."""
 
@@ -119,6 +120,7 @@ MESSAGE_SIGNALS: Final = (
     Signal.TOKENS_PER_SECOND,
     Signal.PROMPT_TOKENS_PER_SECOND,
     Signal.COMPLETION_RATE,
+    Signal.KV_CACHE_USAGE,
 )
 """The numeric top-level fields of a signal message (DESIGN 4.2); latency has its own body."""
 

@@ -33,6 +33,7 @@ def bounded(demand: float) -> float:
     return demand if demand > 0.0 else 0.0  # -0.0 -> 0.0, as max(0.0, -0.0)
 
 
+@types.fast_init
 @dataclass(frozen=True, slots=True)
 class Opinion:
     """One rule's reading: `demand` in fractional replicas (None = no opinion)."""
@@ -191,6 +192,36 @@ def tokens_per_second(
                     detail=f"({detail}) / {rule.target_utilization:g} utilisation")
 
 
+def kv_cache(
+    rule: engine_spec.KvCacheRule,
+    *,
+    snapshot: types.SignalSnapshot,
+    cluster: types.ClusterState,
+) -> Opinion:
+    """Memory in replicas: ready x mean KV-cache usage / target utilisation.
+
+    Tokens/s counts work, not the memory it holds: a request keeps its prompt and answer
+    in the KV cache until it finishes, so long prompts with long answers fill the cache
+    while compute is still free, and new requests then wait for memory. Usage is a mean
+    over the replicas that report it, which are the ready ones. Example: 5 ready at 85 %
+    used, target 0.8 -> 5 x 0.85 / 0.8 = 5.3 -> 6 replicas, a minute before the queue
+    would have said so. A full cache reads at most ready / target: it measures a
+    shortfall of memory, not how large it is, so while a backlog is served it is held to
+    the load like the other backlog readings (decide.BACKLOG_READINGS).
+    """
+    usage = snapshot.kv_cache_usage
+    if not _fresh(usage) or usage is None:
+        return _unusable(types.Rule.KV_CACHE, "KV-cache usage", usage)
+    ready, target = cluster.ready, rule.target_utilization
+    if ready == 0:
+        return opinion(types.Rule.KV_CACHE, value=usage, fresh=True, demand=None,
+                       detail="no ready replica holds a cache")
+    return opinion(types.Rule.KV_CACHE, value=usage, fresh=True,
+                   demand=ready * min(usage.value, 1.0) / target,
+                   detail=f"{ready} ready x {usage.value:.0%} of the KV cache used / "
+                   f"{target:g} target")
+
+
 def overloaded(spec: engine_spec.EngineSpec, *, snapshot: types.SignalSnapshot, ready: int
                ) -> bool:
     """A queue beyond what the ready replicas should hold: throughput reads capacity, not
@@ -309,6 +340,8 @@ def signal_opinions(
         opinions.append(queue_depth(spec.queue, snapshot=snapshot, cluster=cluster))
     if spec.tokens is not None:
         opinions.append(tokens_per_second(spec.tokens, snapshot=snapshot))
+    if spec.kv_cache is not None:
+        opinions.append(kv_cache(spec.kv_cache, snapshot=snapshot, cluster=cluster))
     if spec.latency is not None:
         opinions.append(p95_latency(
             spec.latency, snapshot=snapshot, cluster=cluster,

@@ -37,6 +37,12 @@ class TokensRule:
 
 
 @dataclass(frozen=True, slots=True)
+class KvCacheRule:
+    target_utilization: float
+    """Mean share of the KV cache the ready replicas should use."""
+
+
+@dataclass(frozen=True, slots=True)
 class LatencyRule:
     metric: vocabulary.LatencyMetric
     slo_s: float
@@ -63,6 +69,7 @@ class EngineSpec:
     queue: QueueRule | None
     tokens: TokensRule | None
     latency: LatencyRule | None
+    kv_cache: KvCacheRule | None
     overload_waiting_per_replica: float
     forecast_enabled: bool
     forecast_window_s: float
@@ -140,6 +147,8 @@ def _resolve(policy: model.ScalePolicy) -> EngineSpec:
             prompt_capacity_per_replica=tokens.prompt_capacity_per_replica,
             target_utilization=tokens.target_utilization),
         latency=None if latency is None else LatencyRule(latency.metric, latency.slo_seconds),
+        kv_cache=(None if signals.kv_cache is None
+                  else KvCacheRule(signals.kv_cache.target_utilization)),
         overload_waiting_per_replica=max(
             1.0, queue.target_waiting_per_replica if queue is not None else 1.0),
         forecast_enabled=spec.forecast.enabled,

@@ -9,14 +9,60 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from scaler.core import histogram as histograms
 from scaler.core import vocabulary
 
+_Class = TypeVar("_Class", bound=type)
 
+
+def fast_init(cls: _Class) -> _Class:
+    """A frozen slots dataclass, built at about half the cost: its `__init__` replaced by
+    one that sets each slot through the slot's own descriptor.
+
+    The frozen `__init__` dataclasses generates sets a field through
+    `object.__setattr__(self, name, value)`: a global, a method lookup and the field
+    found by name in the class, per field. The engine builds about 40 of these objects a
+    decision (0.9 us of a 1.2 us build of a 6-field one, measured in CPython 3.11), so this
+    one calls each field's slot setter directly (0.6 us). The same parameters, defaults
+    and order; equality, hashing, repr, `fields`, `replace` and the frozen guard are the
+    dataclass's own (tests/engine/test_fast_init.py holds them equal). Only plain
+    defaults: no default_factory, no __post_init__, no init=False fields.
+    """
+    fields = dataclasses.fields(cls)
+    env: dict[str, object] = {}
+    params, body = [], []
+    for each in fields:
+        if (not each.init or each.kw_only or each.default_factory is not dataclasses.MISSING
+                or hasattr(cls, "__post_init__")):
+            raise TypeError(f"fast_init: {cls.__name__}.{each.name} is not a plain field")
+        env[f"_set_{each.name}"] = cls.__dict__[each.name].__set__
+        if each.default is dataclasses.MISSING:
+            params.append(each.name)
+        else:
+            env[f"_default_{each.name}"] = each.default
+            params.append(f"{each.name}=_default_{each.name}")
+        body.append(f"        _set_{each.name}(self, {each.name})")
+    source = "\n".join([f"def make({', '.join(env)}):",
+                         f"    def __init__(self, {', '.join(params)}):",
+                         *(body or ["        pass"]),
+                         "    return __init__"])
+    namespace: dict[str, Callable[..., Callable[..., None]]] = {}
+    exec(source, namespace)  # as dataclasses builds its own __init__
+    init = namespace["make"](**env)
+    original = cls.__dict__["__init__"]
+    init.__qualname__ = original.__qualname__
+    init.__annotations__ = original.__annotations__
+    init.__doc__ = original.__doc__
+    init.__module__ = cls.__module__
+    setattr(cls, "__init__", init)  # noqa: B010 (mypy forbids assigning __init__)
+    return cls
+
+
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SignalValue:
     """One signal's current value for a model, as the signal store combined it.
@@ -48,6 +94,7 @@ class SignalValue:
                    histogram=histogram)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SignalSnapshot:
     """What is known about a model's demand at `now`. `None` means missing.
@@ -64,6 +111,7 @@ class SignalSnapshot:
     p95_latency: SignalValue | None = None
     arrival_rate: SignalValue | None = None
     completion_rate: SignalValue | None = None
+    kv_cache_usage: SignalValue | None = None
 
     def get(self, signal: vocabulary.Signal) -> SignalValue | None:
         """The value of a demand signal (None for missing, and for non-demand signals)."""
@@ -101,6 +149,7 @@ class ColdStartObservation:
         return max(0.0, self.ready_at - self.created_at - self.node_boot_s)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ClusterState:
     """The target's replicas as the cluster reports them.
@@ -148,6 +197,7 @@ class ClusterState:
         return state
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Recommendation:
     """A time-stamped recommendation kept for stabilization windows.
@@ -162,6 +212,7 @@ class Recommendation:
     load: int | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ScaleEvent:
     """A change the engine decided, kept for rate-limit periods."""
@@ -170,6 +221,7 @@ class ScaleEvent:
     delta: int
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class DemandSample:
     """Demand, in the capacity unit of concurrency (requests), at a time."""
@@ -178,6 +230,7 @@ class DemandSample:
     demand: float
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class BacklogSample:
     """Requests in the system (waiting + running) and finishing per second at a time, for
@@ -188,6 +241,7 @@ class BacklogSample:
     completion_rate: float = 0.0
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ForecastCheck:
     """A forecast to check against what happened: at `due_at`, demand was predicted to
@@ -198,6 +252,7 @@ class ForecastCheck:
     predicted: float
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class EngineState:
     """Everything the engine remembers between decisions. Immutable; `decide` returns a new one.
@@ -311,6 +366,7 @@ class Rule(enum.StrEnum):
     TOKENS_PER_SECOND = "tokens_per_second"
     P95_LATENCY = "p95_latency"
     ARRIVAL_RATE = "arrival_rate"
+    KV_CACHE = "kv_cache"
     FORECAST = "forecast"
     RETURN = "return"
 
@@ -356,6 +412,7 @@ class StepName(enum.StrEnum):
     BOUNDS = "bounds"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Step:
     """What one pipeline step made of the count: `replicas` after it (None before the
@@ -366,6 +423,7 @@ class Step:
     detail: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class SignalReason:
     """One rule's part in a decision."""
@@ -378,6 +436,7 @@ class SignalReason:
     detail: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Clamp:
     """A bound or rule that changed the replica count from `before` to `after`."""
@@ -388,6 +447,7 @@ class Clamp:
     detail: str
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Forecast:
     """The cold-start look-ahead used by a decision. Demand is in replicas (fractional).
@@ -410,6 +470,7 @@ class Forecast:
     step: bool = False
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Decision:
     """The engine's answer for one model at one time, with every reason."""

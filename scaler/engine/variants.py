@@ -54,7 +54,10 @@ class Option:
 
     capacity: what one replica serves (policy unit); price: one replica for one hour;
     ready, starting: replicas held now; room: the most replicas it may hold (its pool's
-    room or its grant; None: no bound); time_to_ready_s: a new replica's start.
+    room or its grant; None: no bound); time_to_ready_s: a new replica's start; keep:
+    replicas it keeps whatever the demand, a batch tier's variant's replicas reporting
+    unfinished work (the engine's `spare.busy_floor`, per variant), within what it holds
+    (so within its room: a grant below them still cuts them, as a budget does).
     """
 
     name: str
@@ -66,6 +69,7 @@ class Option:
     time_to_ready_s: float = 0.0
     pool: str | None = None
     gpus_per_replica: int = 1
+    keep: int = 0
 
     @property
     def held(self) -> int:
@@ -99,7 +103,7 @@ def _check(options: Sequence[Option], demand: float) -> None:
         if not (o.capacity > 0 and math.isfinite(o.capacity)) or not o.price >= 0:
             raise ValueError(f"variant {o.name}: capacity must be positive and price not "
                              f"negative, not {o.capacity} and {o.price}")
-        if min(o.ready, o.starting, o.room if o.room is not None else 0) < 0:
+        if min(o.ready, o.starting, o.room if o.room is not None else 0, o.keep) < 0:
             raise ValueError(f"variant {o.name}: counts must not be negative")
 
 
@@ -147,6 +151,19 @@ def mix(options: Sequence[Option], *, demand: float, lookahead_s: float) -> Mix:
     hour, held replicas kept first (see the module docstring). When the rooms cannot
     cover the demand, every variant is filled to its room (`met` False)."""
     _check(options, demand)
+    busy = [min(o.keep, o.held) for o in options]
+    if any(busy):
+        # The kept replicas stay and serve their share; the rest is mixed as usual over
+        # what each variant holds and may add beyond them. Exact: with n_i = k_i + m_i,
+        # the cheapest cover of the demand with n_i >= k_i is k plus the cheapest cover
+        # of what k leaves. Example: 2 busy L40S of 12 kept, demand 30: 6 left to mix.
+        rest = mix([_beyond(o, k) for o, k in zip(options, busy, strict=True)],
+                   demand=max(0.0, demand - sum(k * o.capacity
+                                                for o, k in zip(options, busy, strict=True))),
+                   lookahead_s=lookahead_s)
+        return _result(options, counts=[rest.replicas[o.name] + k
+                                        for o, k in zip(options, busy, strict=True)],
+                       demand=demand)
     held = [o.held for o in options]
     caps = [o.capacity for o in options]
     prices = [o.price for o in options]
@@ -167,6 +184,13 @@ def mix(options: Sequence[Option], *, demand: float, lookahead_s: float) -> Mix:
         extra = rooms
     return _result(options, counts=[h + e for h, e in zip(held, extra, strict=True)],
                    demand=demand)
+
+
+def _beyond(option: Option, kept: int) -> Option:
+    """The variant less `kept` of its held replicas (ready ones first) and of its room."""
+    ready = max(0, option.ready - kept)
+    return replace(option, ready=ready, starting=option.starting - (kept - (option.ready - ready)),
+                   room=None if option.room is None else option.room - kept, keep=0)
 
 
 def _result(options: Sequence[Option], *, counts: Sequence[int], demand: float) -> Mix:

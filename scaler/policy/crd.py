@@ -31,13 +31,15 @@ Schema = dict[str, Any]
 
 
 class ConditionType(enum.StrEnum):
-    """The status conditions of a ScalePolicy: the HPA's three, plus two of its own."""
+    """The status conditions of a ScalePolicy: the HPA's three, plus two of its own, and
+    VariantsScaled for a policy with spec.variants (False: an HPA scales a variant)."""
 
     ABLE_TO_SCALE = "AbleToScale"
     SCALING_ACTIVE = "ScalingActive"
     SCALING_LIMITED = "ScalingLimited"
     SIGNALS_FRESH = "SignalsFresh"
     POLICY_VALID = "PolicyValid"
+    VARIANTS_SCALED = "VariantsScaled"
 
 
 VALID = "Valid"
@@ -228,6 +230,32 @@ def _conditions(types: list[str]) -> Schema:
             "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
 
 
+def _variants_status() -> Schema:
+    replicas = {"type": "integer", "format": "int32"}
+    return {
+        "type": "array", "maxItems": model.MAX_VARIANTS,
+        "description": "Per variant (spec.variants), in order: currentReplicas and "
+        "desiredReplicas above are then in replicas of the policy's own yardstick.",
+        "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+        "items": {
+            "type": "object", "required": ["name"],
+            "properties": {
+                "name": {"type": "string"},
+                "target": {"type": "string", "description": "The variant's target's name."},
+                "pool": {"type": "string", "description": "Its GpuPool."},
+                "desiredReplicas": {**replicas, "description": "Its count in the fleet's "
+                                    "last mix (absent before the first)."},
+                "currentReplicas": {**replicas, "description": "Its target's spec.replicas."},
+                "readyReplicas": {**replicas, "description": "Its replicas passing readiness."},
+                "startingReplicas": {**replicas,
+                                     "description": "Its replicas existing but not ready."},
+                "scaledBy": {"type": "string", "description": "The HPA or ScaledObject that "
+                             "scales its target (the scaler does not patch it)."},
+            },
+        },
+    }
+
+
 def status_schema() -> Schema:
     """The status the leader writes (`scaler.service.conditions`)."""
     return {
@@ -246,6 +274,7 @@ def status_schema() -> Schema:
                 "type": "object", "description": "The signal that set the count, if any.",
                 "properties": {"signal": {"type": "string"}, "value": {"type": "number"}},
             },
+            "variants": _variants_status(),
             "conditions": {
                 **_conditions([each.value for each in ConditionType]),
             },

@@ -255,6 +255,20 @@ class TokensPerSecondSignal(_Model):
         "for (0..1]. 0.8 leaves 20 % headroom for bursts between decisions.")
 
 
+class KvCacheSignal(_Model):
+    """Memory in use: ready replicas x mean KV-cache usage / targetUtilization.
+
+    Long prompts and long answers are bound by the KV cache before compute: a 6k-token
+    prompt with an 800-token answer holds 6,800 tokens of an 8B H100's ~400k for the 20 s
+    it decodes, so 2.5 of them a second fill 85 % of it while tokens/s still reads 60 % of
+    the replica. vLLM reports `vllm:kv_cache_usage_perc`, SGLang `sglang:token_usage`.
+    """
+
+    target_utilization: float = Field(
+        gt=0, le=1, description="Mean share of the KV cache the ready replicas should use, "
+        "0..1. No default: the headroom a burst of long prompts needs depends on the mix.")
+
+
 class P95LatencySignal(_Model):
     """A guard on the p95 latency: pushes up toward the SLO, never forces a scale-down."""
 
@@ -275,6 +289,9 @@ class Signals(_Model):
         default=None, description="Push up on waiting requests. None: not used.")
     tokens_per_second: TokensPerSecondSignal | None = Field(
         default=None, description="Size by token throughput. None: not used.")
+    kv_cache: KvCacheSignal | None = Field(
+        default=None, description="Size by KV-cache usage (long prompts and answers). "
+        "None: not used. Reads ready replicas only, so it cannot scale from zero alone.")
     p95_latency: P95LatencySignal | None = Field(
         default=None, description="Guard on p95 latency (cannot scale on its own). "
         "None: no guard.")

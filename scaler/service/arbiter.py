@@ -8,13 +8,18 @@ owns it, so no locks.
 A model with variants (spec.variants) is kept as its demand and variants instead
 (`record_variants`), and arbitration then mixes it over its variants' pools
 (`engine.variants.settle`); `mix` gives the replicas per variant the reactor writes to
-each variant's target (`service.variants`), and `describe_mix` says why in words.
+each variant's target (`service.variants`), and `describe_mix` says why in words. A
+variant whose target an HPA or KEDA ScaledObject scales (`record_owners`) is mixed at what
+it holds, never more or less: its replicas serve their share, so the others are not sized
+as if it were empty, and no count is asked of it that the scaler would have to write.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping
 
+from scaler.core import vocabulary
 from scaler.engine import fleet as engine_fleet
 from scaler.engine import spec as engine_spec
 from scaler.engine import types
@@ -36,6 +41,8 @@ class Arbiter:
         self._grants: dict[str, engine_fleet.Grant] = {}
         self._variants: dict[str, engine_variants.VariantModel] = {}
         self._mixes: dict[str, engine_variants.Mix] = {}
+        # model -> variant -> its HPA, for the models whose targets' owners were checked
+        self._owners: dict[str, dict[str, str]] = {}
         self.arbitrations = 0
 
     @property
@@ -53,6 +60,7 @@ class Arbiter:
                         if key.partition(engine_variants.SEPARATOR)[0] in keys}
         self._variants = {key: v for key, v in self._variants.items() if key in keys}
         self._mixes = {key: m for key, m in self._mixes.items() if key in keys}
+        self._owners = {key: o for key, o in self._owners.items() if key in keys}
 
     def capped(self, policy: model.ScalePolicy, cluster: types.ClusterState, *, now: float
                ) -> types.ClusterState:
@@ -92,23 +100,58 @@ class Arbiter:
 
     def record_variants(self, policy: model.ScalePolicy, decision: types.Decision, *,
                         held: Mapping[str, tuple[int, int]],
-                        excluded_gpus: Mapping[str, int] | None = None) -> bool:
+                        excluded_gpus: Mapping[str, int] | None = None,
+                        busy: Mapping[str, int] | None = None) -> bool:
         """Keep the decision of a model with variants as its demand, look-ahead and
         variants, `held` giving (ready, starting) per variant name and `excluded_gpus` the
         GPUs each variant's pool excluded by pool name; True when it differs from the
-        last one (re-arbitrate)."""
+        last one (re-arbitrate).
+
+        `busy`: a batch tier's replicas reporting unfinished work per variant name
+        (`service.variants.Reading.busy`), which its mix keeps whatever the demand
+        (`Option.keep`, as the simulator's fleet replay keeps them); a grant below them
+        (a budget or the pool exceeded) still cuts them. Other tiers keep nothing.
+        Example: 3 L40S held, 2 busy, a demand one L40S serves: the mix keeps 2."""
         for pool, gpus in (excluded_gpus or {}).items():
             if pool in self._fleet.pools:
                 self._excluded[pool] = gpus
+        options = engine_variants.options_of(policy, pools=self._fleet.pools, held=held)
+        if busy and policy.spec.tier is vocabulary.Tier.BATCH:
+            options = tuple(dataclasses.replace(o, keep=busy.get(o.name, 0)) for o in options)
         item = engine_variants.VariantModel(
             key=policy.key, tier=policy.spec.tier, tenant=policy.tenant,
             cost_center=policy.cost_center,
             demand=engine_variants.demand_of(policy, decision),
-            lookahead_s=engine_variants.lookahead_of(policy, decision),
-            options=engine_variants.options_of(policy, pools=self._fleet.pools, held=held))
+            lookahead_s=engine_variants.lookahead_of(policy, decision), options=options)
         changed = self._variants.get(policy.key) != item
         self._variants[policy.key] = item
         return changed
+
+    def record_owners(self, key: str, owners: Mapping[str, str]) -> bool:
+        """The variants of model `key` whose targets an HPA or ScaledObject scales, by
+        variant name (as the last write of its mix found them); True when that changed
+        (re-arbitrate: those variants are mixed at what they hold)."""
+        found = dict(owners)
+        changed = (self._owners.get(key) or {}) != found
+        self._owners[key] = found
+        return changed
+
+    def owners(self, key: str) -> Mapping[str, str] | None:
+        """Variant name -> the HPA or ScaledObject that scales its target, for model
+        `key`; None before any write of its mix checked them."""
+        return self._owners.get(key)
+
+    def _mixed(self, item: engine_variants.VariantModel) -> engine_variants.VariantModel:
+        """The model as `settle` mixes it: each variant an HPA owns kept at what it holds
+        and given no room beyond (`Option.keep`, `room`), so the demand it serves is not
+        asked of the others. Example: an HPA holds 2 H100 of 30 each; a demand of 100
+        leaves 40 to mix over the rest."""
+        owned = self._owners.get(item.key)
+        if not owned:
+            return item
+        return dataclasses.replace(item, options=tuple(
+            dataclasses.replace(o, keep=o.ready + o.starting, room=o.ready + o.starting)
+            if o.name in owned else o for o in item.options))
 
     def arbitrate(self) -> list[str]:
         """Arbitrate the latest asks (and mix the models with variants); the keys whose
@@ -117,8 +160,9 @@ class Arbiter:
             return []
         pools = [engine_fleet.fleet_pool(pool, excluded_gpus=self._excluded.get(name, 0))
                  for name, pool in self._fleet.pools.items()]
-        grants, mixes = engine_variants.settle(pools, self._budgets, asks=list(self._asks.values()),
-                                               models=list(self._variants.values()))
+        grants, mixes = engine_variants.settle(
+            pools, self._budgets, asks=list(self._asks.values()),
+            models=[self._mixed(item) for item in self._variants.values()])
         self.arbitrations += 1
         moved = {key for key, grant in grants.items()
                  if engine_variants.SEPARATOR not in key and (key not in self._grants
@@ -146,14 +190,23 @@ class Arbiter:
         if chosen is None or item is None:
             return None
         unit = "requests" if policy.spec.signals.concurrency is not None else "tokens/s"
+        owners = self._owners.get(policy.key) or {}
         counts = ", ".join(f"{name}: {n}" for name, n in chosen.replicas.items())
         held = ", ".join(f"{o.name}: {o.ready + o.starting}" for o in item.options)
         verdict = ("cheapest mix meeting the demand" if chosen.met
                    else "short of the demand with every room filled")
         parts = [f"variant {counts}; {verdict} of {item.demand:g} {unit} (serves "
                  f"{chosen.capacity:g} at {chosen.cost_hourly:.2f}/h; held {held})"]
+        kept = ", ".join(f"{o.name}: {o.keep}" for o in item.options
+                         if o.keep and o.name not in owners)
+        if kept:  # a batch tier's busy replicas (`record_variants`)
+            parts.append(f"kept for unfinished work {kept}")
         for option in item.options:
             count = chosen.replicas[option.name]
+            if option.name in owners:
+                parts.append(f"{option.name} is scaled by {owners[option.name]}: not "
+                             f"patched, its {option.ready + option.starting} held counted")
+                continue
             grant = self._grants.get(engine_variants.variant_key(policy.key, option.name))
             pool = self._fleet.pools.get(option.pool or "")
             # A grant's reason says "granted all ..." unless something bound it

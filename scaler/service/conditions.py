@@ -121,19 +121,39 @@ def _scaling_limited(decision: types.Decision) -> Condition:
                      "the desired count is within the acceptable range")
 
 
+def _variants_scaled(observation: state.Observation) -> Condition:
+    """Whether the scaler scales every variant's target, or an HPA (or KEDA
+    ScaledObject) scales one: that one is not patched, and what it holds counts in the
+    mix, so the others are not sized as if it were empty."""
+    owned = [row for row in observation.variants if row.owner is not None]
+    if not owned:
+        return Condition(Type.VARIANTS_SCALED, True, "ScaledByScaler",
+                         "the scaler scales every variant's target: " + ", ".join(
+                             f"{row.name} ({row.target})" for row in observation.variants))
+    return Condition(Type.VARIANTS_SCALED, False, "OwnedByHPA", "; ".join(
+        f"variant {row.name} ({row.target}) is scaled by {row.owner}: not patched, its "
+        f"{row.ready + row.starting} ready and starting replicas count in the mix"
+        for row in owned))
+
+
 def evaluate(policy: model.ScalePolicy | None, observation: state.Observation | None, *,
              problems: Sequence[loader.PolicyError]) -> list[Condition]:
-    """Every condition now. Without a decision yet, the scaling ones are Unknown."""
+    """Every condition now. Without a decision yet, the scaling ones are Unknown.
+    VariantsScaled only for a policy with spec.variants."""
     found = [_policy_valid(problems, in_force=policy is not None)]
+    variants = policy is not None and bool(policy.spec.variants)
     if policy is None or observation is None:
         waiting = "no decision yet" if policy is not None else "the policy is not in force"
         found += [Condition(kind, None, "NotEvaluated", waiting) for kind in (
             Type.ABLE_TO_SCALE, Type.SCALING_ACTIVE, Type.SCALING_LIMITED,
-            Type.SIGNALS_FRESH)]
+            Type.SIGNALS_FRESH, *((Type.VARIANTS_SCALED,) if variants else ()))]
         return found
     decision = observation.decision
-    return [*found, _able_to_scale(policy, decision), _scaling_active(decision),
-            _scaling_limited(decision), _signals_fresh(policy, decision)]
+    found += [_able_to_scale(policy, decision), _scaling_active(decision),
+              _scaling_limited(decision), _signals_fresh(policy, decision)]
+    if variants:
+        found.append(_variants_scaled(observation))
+    return found
 
 
 def view(policy: model.ScalePolicy, observation: state.Observation) -> list[dict[str, str]]:
@@ -189,7 +209,25 @@ def status(policy: model.ScalePolicy | None, observation: state.Observation | No
             out["winner"] = {"signal": str(decision.winner)}
             if winner is not None and winner.value is not None:
                 out["winner"]["value"] = round(winner.value, 6)
+        if observation.variants:
+            out["variants"] = variants_status(observation.variants)
     out["conditions"] = conditions
+    return out
+
+
+def variants_status(rows: Sequence[state.VariantObservation]) -> list[dict[str, Any]]:
+    """status.variants: each variant's replicas as the CRD's schema names them (no
+    desiredReplicas before the fleet's first mix; scaledBy when an HPA owns it)."""
+    out = []
+    for row in rows:
+        item: dict[str, Any] = {"name": row.name, "target": row.target, "pool": row.pool}
+        if row.desired is not None:
+            item["desiredReplicas"] = row.desired
+        item.update(currentReplicas=row.current, readyReplicas=row.ready,
+                    startingReplicas=row.starting)
+        if row.owner is not None:
+            item["scaledBy"] = row.owner
+        out.append(item)
     return out
 
 
@@ -197,7 +235,7 @@ def status(policy: model.ScalePolicy | None, observation: state.Observation | No
 # Event, a change back a Normal one.
 HEALTHY: Mapping[str, str] = {Type.ABLE_TO_SCALE: "True", Type.SCALING_ACTIVE: "True",
                               Type.SCALING_LIMITED: "False", Type.SIGNALS_FRESH: "True",
-                              Type.POLICY_VALID: "True"}
+                              Type.POLICY_VALID: "True", Type.VARIANTS_SCALED: "True"}
 
 
 def notes(old: Mapping[str, Any] | None, new: Mapping[str, Any]

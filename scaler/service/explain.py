@@ -65,6 +65,8 @@ def decision_document(
         "counters": {"decisions": dict(status.decisions), "patches": dict(status.patches)},
         "conditions": conditions.view(status.policy, observation),
     }
+    if observation.variants:
+        document["variants"] = [dataclasses.asdict(row) for row in observation.variants]
     return dict(_json_safe(document))
 
 
@@ -137,6 +139,28 @@ def in_words(decision: Mapping[str, Any]) -> str:
     return f"{verb}: {', '.join(reasons)}."
 
 
+def _variant_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Each variant's replicas, and a warning per variant an HPA scales instead."""
+    if not rows:
+        return []
+    lines = ["Variants (the cluster line above is their capacity-equivalent sum):"]
+    warnings = []
+    for row in rows:
+        wanted = ("awaiting the fleet's first mix" if row["desired"] is None
+                  else f"{row['desired']} desired")
+        lines.append(f"  - {row['name']} ({row['target']}, pool {row['pool']}): {wanted}, "
+                     f"{row['current']} asked for, {row['ready']} ready, "
+                     f"{row['starting']} starting")
+        if row.get("owner"):
+            warnings.append(
+                f"Warning: variant {row['name']} ({row['target']}) is scaled by "
+                f"{row['owner']}: the scaler does not patch it, and its "
+                f"{row['ready'] + row['starting']} ready and starting replicas count in the "
+                "mix. Remove the HPA to let the scaler mix it, or the variant to leave it "
+                "to the HPA.")
+    return lines + warnings
+
+
 def describe(document: dict[str, Any]) -> str:
     """The decision document in plain words, one fact per line."""
     decision = document["decision"]
@@ -149,6 +173,7 @@ def describe(document: dict[str, Any]) -> str:
     )
     for note in cluster.get("capacity_notes") or []:
         lines.append(f"Pool capacity: {note}.")
+    lines.extend(_variant_lines(document.get("variants") or []))
     lines.append("Signals:")
     if not decision["signals"]:
         lines.append("  (none configured)")

@@ -14,7 +14,11 @@ from scaler.policy import loader
 from scaler.service import state as service_state
 
 MODEL = ["namespace", "model"]
+VARIANT = [*MODEL, "variant"]
+"""A model with spec.variants has at most `model.MAX_VARIANTS` (4) of them, so the
+per-variant families add at most 4 series per such model each."""
 COST = ["namespace", "model", "tenant", "cost_center"]
+VARIANT_COST = [*COST, "variant"]
 CURRENCY = "in the policy's currency units (spec.cost.gpuHourly is the price of one GPU-hour)"
 """Cost metrics carry no currency in their names (`scaler_cost_total`, not `_dollars`): the
 price is the policy's own, in whatever currency it was written in."""
@@ -61,6 +65,20 @@ class StateCollector(Collector):
         ready = g.gauge("scaler_ready_replicas", "Replicas passing readiness.", MODEL)
         starting = g.gauge("scaler_starting_replicas", "Replicas existing but not ready.",
                            MODEL)
+        # A model with variants: the model-level replicas above are in replicas of the
+        # policy's yardstick (their capacity-equivalent sum); these are each variant's own.
+        variant_desired = g.gauge("scaler_variant_desired_replicas",
+                                  "A variant's count in the fleet's last mix.", VARIANT)
+        variant_current = g.gauge("scaler_variant_current_replicas",
+                                  "A variant's target's spec.replicas.", VARIANT)
+        variant_ready = g.gauge("scaler_variant_ready_replicas",
+                                "A variant's replicas passing readiness.", VARIANT)
+        variant_starting = g.gauge("scaler_variant_starting_replicas",
+                                   "A variant's replicas existing but not ready.", VARIANT)
+        variant_owned = g.gauge(
+            "scaler_variant_hpa_owned", "1 when an HPA or KEDA ScaledObject scales the "
+            "variant's target: the scaler does not patch it and counts what it holds.",
+            VARIANT)
         recommendation = g.gauge("scaler_recommendation_replicas",
                                  "Recommendation before stabilization and limits.", MODEL)
         held = g.gauge("scaler_decision_held",
@@ -98,6 +116,15 @@ class StateCollector(Collector):
                               f"Cost of the idle share of GPU-hours, {CURRENCY}.", COST)
         requests = g.counter("scaler_requests", "Requests counted for cost per 1k requests.",
                              COST)
+        variant_gpu_hours = g.counter(
+            "scaler_variant_gpu_hours", "A model with variants: each variant's allocated "
+            "GPU-hours (its own GPUs per replica); they sum to scaler_gpu_hours.", VARIANT_COST)
+        variant_cost = g.counter(
+            "scaler_variant_cost", "A model with variants: each variant's GPU cost at its own "
+            f"GPU-hour price; they sum to scaler_cost, {CURRENCY}.", VARIANT_COST)
+        variant_idle_cost = g.counter(
+            "scaler_variant_idle_cost", "A model with variants: the cost of each variant's "
+            f"idle GPU-hours; they sum to scaler_idle_cost, {CURRENCY}.", VARIANT_COST)
         per_1k = g.gauge("scaler_cost_per_1k_requests",
                          f"cost / requests * 1000, {CURRENCY}.", COST)
         tenant_per_1k = g.gauge("scaler_tenant_cost_per_1k_requests",
@@ -122,12 +149,19 @@ class StateCollector(Collector):
                 clamps.add_metric([*key, name], count)
             evaluation_errors.add_metric(key, status.evaluation_errors)
             totals = status.cost
+            by_variant = status.variant_costs
             last = status.last
             if last is not None:
                 # GPUs held since the last evaluation count too: a scrape between two
                 # evaluations still sees the counters move.
                 totals = service_state.accrue(totals, policy=status.policy, since=last,
                                               until=now)
+                by_variant = service_state.accrue_variants(by_variant, policy=status.policy,
+                                                           since=last, until=now)
+            for name, share in sorted(by_variant.items()):
+                variant_gpu_hours.add_metric([*cost_key, name], share.allocated_gpu_hours)
+                variant_cost.add_metric([*cost_key, name], share.cost)
+                variant_idle_cost.add_metric([*cost_key, name], share.idle_cost)
             gpu_hours.add_metric(cost_key, totals.allocated_gpu_hours)
             useful_hours.add_metric(cost_key, totals.useful_gpu_hours)
             cost.add_metric(cost_key, totals.cost)
@@ -154,6 +188,14 @@ class StateCollector(Collector):
             current.add_metric(key, last.cluster.current)
             ready.add_metric(key, last.cluster.ready)
             starting.add_metric(key, len(last.cluster.starting))
+            for row in last.variants:
+                series = [*key, row.name]
+                if row.desired is not None:
+                    variant_desired.add_metric(series, row.desired)
+                variant_current.add_metric(series, row.current)
+                variant_ready.add_metric(series, row.ready)
+                variant_starting.add_metric(series, row.starting)
+                variant_owned.add_metric(series, 1.0 if row.owner is not None else 0.0)
             busy, busy_source = service_state.busy_reading(status.policy, last)
             useful_ratio.add_metric([*key, busy_source], busy)
             if status.policy.spec.node_pool is not None:

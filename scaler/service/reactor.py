@@ -239,12 +239,15 @@ class Reactor:
         if outcome in _KEEP_STATE and self._policies.get(key) is policy:
             self._engine[key] = new_state
         self.evaluations += 1
-        observation = service_state.Observation(decision=decision, snapshot=snapshot,
-                                                cluster=cluster, at=now)
+        observation = service_state.Observation(
+            decision=decision, snapshot=snapshot, cluster=cluster, at=now,
+            variants=() if reading is None else service_variants.observed(
+                reading, mix=self.arbiter.mix(key), owners=self.arbiter.owners(key)))
         self.state.record(key, observation, outcome=str(outcome), apply_reason=reason)
         if (self.arbiter.record(policy, decision, cluster, now=now) if reading is None else
                 self.arbiter.record_variants(policy, decision, held=reading.held,
-                                             excluded_gpus=reading.excluded_gpus)):
+                                             excluded_gpus=reading.excluded_gpus,
+                                             busy=reading.busy)):
             self._fleet.poke("fleet")
         self.state.record_patch(key, str(outcome))
         # Guarded: the summary and the extra fields are built before log.info can drop
@@ -254,9 +257,9 @@ class Reactor:
                      extra={"model": key, "desired": decision.desired,
                             "current": decision.current, "outcome": str(outcome),
                             "reason": reason})
-        pool = policy.spec.node_pool
-        if pool is not None and pool.actuator in self.pool_actuators:
-            self._pools.poke(pool.name)
+        for pool_name in service_variants.planned_pools(policy,
+                                                        actuators_by_kind=self.pool_actuators):
+            self._pools.poke(pool_name)
         if self.audit is not None:
             status = self.state.status(key)
             if status is not None:
@@ -280,10 +283,16 @@ class Reactor:
             return (decision, actuators.Outcome.UNCHANGED,
                     "awaiting the fleet's first mix of the variants")
         decision = dataclasses.replace(decision, notes=(*decision.notes, note))
-        items = service_variants.parts(reading, targets, mix=mix, decision=decision, note=note)
-        if not service_variants.pending(items):
+        owners = self.arbiter.owners(key)
+        items = service_variants.parts(reading, targets, mix=mix, decision=decision, note=note,
+                                       owners=owners)
+        if not service_variants.pending(items, owners=owners):
             return decision, actuators.Outcome.UNCHANGED, "every variant already at the mix"
-        applied = service_variants.combined(await service_variants.apply(self.actuator, items))
+        outcomes = await service_variants.apply(self.actuator, items)
+        if self.arbiter.record_owners(key, service_variants.owners_after(
+                policy, outcomes, before=owners)):
+            self._fleet.poke("fleet")  # an HPA's variant is mixed at what it holds
+        applied = service_variants.combined(outcomes)
         if applied.partial:
             log.warning("%s: %s", key, applied.reason, extra={"model": key})
             self.state.record_patch(key, "partial")
@@ -302,23 +311,17 @@ class Reactor:
         backstop interval: often enough to repair drift (a deleted placeholder
         Deployment), rarely enough not to read the API on every sample.
         """
-        members = sorted(
-            (status for status in self.state.statuses()
-             if status.last is not None and status.policy.spec.node_pool is not None
-             and status.policy.spec.node_pool.name == name),
-            key=lambda status: status.key)
-        if not members:
+        # Each model's demand, a model with variants by each variant on this pool.
+        members = service_variants.pool_members(self.state.statuses(), name,
+                                                pools=self.arbiter.fleet.pools)
+        if members is None:
             return None
-        first = members[0].policy
-        pool = first.spec.node_pool
-        assert pool is not None
+        pool = members.pool
         actuator = self.pool_actuators.get(pool.actuator)
         if actuator is None:
             return None
-        demands = [nodes.pool_demand(status.policy, status.last.decision)
-                   for status in members if status.last is not None]
-        plan = nodes.plan_pool(pool, resource_name=first.spec.resources.resource_name,
-                               demands=demands)
+        plan = nodes.plan_pool(pool, resource_name=members.resource_name,
+                               demands=members.demands)
         loop_now = asyncio.get_running_loop().time()
         applied = self._pool_applied.get(name)
         if applied is not None and applied[0] == plan and loop_now - applied[1] < self.backstop_s:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from scaler.engine import cost as engine_cost
 from scaler.engine import types
+from scaler.engine import variants as engine_variants
 from scaler.policy import loader, model
 from scaler.service import history as decision_history
 
@@ -27,13 +28,38 @@ COST_CENTER_LABEL = model.COST_CENTER_LABEL
 
 
 @dataclass(frozen=True, slots=True)
+class VariantObservation:
+    """One variant of a model with spec.variants at an evaluation (`service.variants`):
+    its count in the fleet's last mix (None before the first), its target's spec.replicas,
+    ready and starting replicas as read, what one replica holds (GPUs) and one of its
+    GPU-hours costs (its gpuHourly, else its GpuPool's, else spec.cost's), the HPA or
+    ScaledObject that scales its target instead of the scaler (None: the scaler does),
+    and the DCGM SM-active ratio of its ready pods' GPUs (None: no reading)."""
+
+    name: str
+    target: str
+    pool: str
+    desired: int | None
+    current: int
+    ready: int
+    starting: int
+    gpus_per_replica: int
+    gpu_hourly: float
+    owner: str | None = None
+    gpu_sm_active: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Observation:
-    """One evaluation: what was seen (snapshot, cluster) and decided, at wall time `at`."""
+    """One evaluation: what was seen (snapshot, cluster) and decided, at wall time `at`;
+    for a model with variants, each variant's (the cluster state is their
+    capacity-equivalent sum)."""
 
     decision: types.Decision
     snapshot: types.SignalSnapshot
     cluster: types.ClusterState
     at: float
+    variants: tuple[VariantObservation, ...] = ()
 
 
 BUSY_DCGM = "dcgm"  # DCGM SM-active ratio of the model's pods' GPUs: measured
@@ -57,13 +83,20 @@ def busy_reading(policy: model.ScalePolicy, obs: Observation) -> tuple[float, st
         return 0.0, BUSY_ASSUMED
     if obs.cluster.gpu_sm_active is not None:
         return _unit(obs.cluster.gpu_sm_active), BUSY_DCGM
+    return _estimated(policy, obs.snapshot, ready=ready)
+
+
+def _estimated(policy: model.ScalePolicy, snapshot: types.SignalSnapshot, *, ready: float
+               ) -> tuple[float, str]:
+    """`busy_reading` from the policy's capacity unit, for `ready` (> 0) replicas of its
+    own per-replica capacity."""
     signals = policy.spec.signals
-    if signals.concurrency is not None and obs.snapshot.in_flight is not None:
+    if signals.concurrency is not None and snapshot.in_flight is not None:
         capacity = ready * signals.concurrency.target_per_replica
-        return _unit(obs.snapshot.in_flight.value / capacity), BUSY_REPLICAS
-    if signals.tokens_per_second is not None and obs.snapshot.tokens_per_second is not None:
+        return _unit(snapshot.in_flight.value / capacity), BUSY_REPLICAS
+    if signals.tokens_per_second is not None and snapshot.tokens_per_second is not None:
         capacity = ready * signals.tokens_per_second.capacity_per_replica
-        return _unit(obs.snapshot.tokens_per_second.value / capacity), BUSY_REPLICAS
+        return _unit(snapshot.tokens_per_second.value / capacity), BUSY_REPLICAS
     return 1.0, BUSY_ASSUMED
 
 
@@ -90,14 +123,57 @@ def accrue(
     seconds = max(0.0, until - since.at)
     if seconds == 0.0:
         return totals
+    arrivals = since.snapshot.arrival_rate
+    requests = arrivals.value * seconds if arrivals is not None and arrivals.value > 0 else 0.0
+    if since.variants:  # each variant's GPUs at its own price; the requests are the model's
+        spent = variant_costs(policy=policy, since=since, seconds=seconds)
+        return sum(spent.values(), totals + engine_cost.Cost(requests=requests))
     gpus_per_replica = policy.spec.resources.gpus_per_replica
     allocated = (since.cluster.ready + len(since.cluster.starting)) * gpus_per_replica
     useful = since.cluster.ready * gpus_per_replica * busy_ratio(policy, since)
-    arrivals = since.snapshot.arrival_rate
-    requests = arrivals.value * seconds if arrivals is not None and arrivals.value > 0 else 0.0
     return totals + engine_cost.of_gpu_time(
         allocated_gpu_seconds=allocated * seconds, useful_gpu_seconds=useful * seconds,
         gpu_hourly=policy.spec.cost.gpu_hourly, requests=requests)
+
+
+def variant_costs(*, policy: model.ScalePolicy, since: Observation, seconds: float
+                  ) -> dict[str, engine_cost.Cost]:
+    """The GPU time of `seconds` at the allocation `since` observed, per variant: its
+    ready and starting replicas x its own GPUs per replica, at its own GPU-hour price.
+
+    Useful time: the variant's DCGM SM-active ratio where read, else the model's load
+    over what all variants' ready replicas serve (the policy's capacity unit). Example:
+    2 H100 replicas of 2 GPUs at 2.0 and 4 L40S of 1 GPU at 1.0 for one hour are 4 + 4
+    GPU-hours costing 8.0 + 4.0 = 12.0 (the model's 10 yardstick replicas of 1 GPU at
+    spec.cost's 2.5 would have read 10 GPU-hours and 25.0). With 50 in flight on 2 x 30
+    + 4 x 10 = 100 served, each variant is half busy: idle 4.0 + 2.0.
+    """
+    weight = dict(zip((v.name for v in policy.spec.variants),
+                      engine_variants.weights_of(policy), strict=True))
+    # The ready replicas in yardstick replicas, unrounded: 2 H100 of 30 + 4 L40S of 10 at
+    # targetPerReplica 10 are 2 x 3 + 4 x 1 = 10.
+    ready = sum(row.ready * weight.get(row.name, 0.0) for row in since.variants)
+    shared = _estimated(policy, since.snapshot, ready=ready)[0] if ready > 0 else 0.0
+    out = {}
+    for row in since.variants:
+        busy = shared if row.gpu_sm_active is None else _unit(row.gpu_sm_active)
+        out[row.name] = engine_cost.of_gpu_time(
+            allocated_gpu_seconds=(row.ready + row.starting) * row.gpus_per_replica * seconds,
+            useful_gpu_seconds=row.ready * row.gpus_per_replica * busy * seconds,
+            gpu_hourly=row.gpu_hourly)
+    return out
+
+
+def accrue_variants(totals: Mapping[str, engine_cost.Cost], *, policy: model.ScalePolicy,
+                    since: Observation, until: float) -> dict[str, engine_cost.Cost]:
+    """`totals` by variant name plus each variant's GPU time from `since.at` to `until`
+    (`variant_costs`); they sum to what `accrue` adds to the model, less its requests."""
+    out = dict(totals)
+    seconds = max(0.0, until - since.at)
+    if seconds > 0.0 and since.variants:
+        for name, spent in variant_costs(policy=policy, since=since, seconds=seconds).items():
+            out[name] = out.get(name, engine_cost.Cost()) + spent
+    return out
 
 
 def decision_outcome(decision: types.Decision) -> str:
@@ -132,6 +208,8 @@ class ModelStatus:
     cost: engine_cost.Cost
     evaluation_errors: int = 0
     last_scale_at: float | None = None  # the newest decision that asked for another count
+    # a model with variants: each variant's share of `cost` (requests are the model's)
+    variant_costs: Mapping[str, engine_cost.Cost] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -171,6 +249,7 @@ class _Entry:
     patches: collections.Counter[str] = field(default_factory=collections.Counter)
     clamps: collections.Counter[str] = field(default_factory=collections.Counter)
     cost: engine_cost.Cost = field(default_factory=engine_cost.Cost)
+    variant_costs: dict[str, engine_cost.Cost] = field(default_factory=dict)
     evaluation_errors: int = 0
     last_scale_at: float | None = None
     history: decision_history.History = field(default_factory=decision_history.History)
@@ -307,6 +386,7 @@ class ServiceState:
             fresh[policy.key] = entry
         self._entries = fresh
         pools = {e.policy.spec.node_pool.name for e in fresh.values() if e.policy.spec.node_pool}
+        pools |= {v.node_pool for e in fresh.values() for v in e.policy.spec.variants}
         self._pools = {name: pool for name, pool in self._pools.items() if name in pools}
         self._load = status
         self._reloads["ok" if status.ok else "invalid"] += 1
@@ -367,6 +447,9 @@ class ServiceState:
         if entry.last is not None:
             entry.cost = accrue(entry.cost, policy=entry.policy, since=entry.last,
                                 until=observation.at)
+            if entry.last.variants:
+                entry.variant_costs = accrue_variants(entry.variant_costs, policy=entry.policy,
+                                                      since=entry.last, until=observation.at)
         entry.last = observation
         if observation.decision.changed:
             # Kept apart from `last`: a status written at the backstop tick's pace must
@@ -481,6 +564,7 @@ def _view(entry: _Entry) -> ModelStatus:
         patches=dict(entry.patches),
         clamps=dict(entry.clamps),
         cost=entry.cost,
+        variant_costs=entry.variant_costs,  # replaced on each accrual, never changed
         evaluation_errors=entry.evaluation_errors,
         last_scale_at=entry.last_scale_at,
     )

@@ -80,6 +80,7 @@ class SignalMessage(_Strict):
     tokens_per_second: _Count | None = None
     prompt_tokens_per_second: _Count | None = None
     completion_rate: _Count | None = None
+    kv_cache_usage: _Count | None = None  # a fraction: above 1 is implausible (dropped)
     latency: LatencyBody | None = None
 
     @model_validator(mode="after")

@@ -133,6 +133,8 @@ def preset_queries(
             Signal.TOKENS_PER_SECOND: f"sum(sglang:gen_throughput{sel})",
             Signal.PROMPT_TOKENS_PER_SECOND:
                 f"sum(rate(sglang:prompt_tokens_total{sel}[{rate_window}]))",
+            # The share of the KV token pool in use, 0..1, per server (as vLLM's).
+            Signal.KV_CACHE_USAGE: f"avg(sglang:token_usage{sel})",
             Signal.COMPLETION_RATE: f"sum(rate(sglang:num_requests_total{sel}[{rate_window}]))",
         }
         buckets = {Latency.TTFT: "sglang:time_to_first_token_seconds_bucket"}

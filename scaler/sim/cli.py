@@ -11,6 +11,7 @@ from typing import Any
 
 from scaler.policy import loader
 from scaler.policy import model as policy_model
+from scaler.sim import cluster as sim_cluster
 from scaler.sim import fleet, from_prometheus, profiles, report, run, strategies, traces
 
 
@@ -73,6 +74,17 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                         "stats CSV (default auto)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed for rate scaling and ServeGen draws (default 0)")
+    parser.add_argument("--no-deletion-cost", dest="deletion_cost", action="store_false",
+                        help="scaler writes no pod-deletion-cost before its scale-downs, as "
+                        "the service with kube.deletion_cost.enabled false: the ReplicaSet "
+                        "then removes the most recently ready pods first, whatever they hold "
+                        "(measures what the costs buy; also with --fleet)")
+    parser.add_argument("--termination-grace-period", type=int, metavar="SECONDS",
+                        help="the Deployment's terminationGracePeriodSeconds: how long a "
+                        "removed replica drains before what it holds is cut (default "
+                        f"{sim_cluster.TERMINATION_GRACE_S:g}, Kubernetes'; 0 to "
+                        f"{sim_cluster.MAX_GRACE_S}; with --fleet it is set per model in the "
+                        "fleet file)")
     parser.add_argument("--json", type=Path, metavar="OUT.json", help="write the JSON report")
     parser.add_argument("--report", type=Path, metavar="OUT.html", help="write the HTML report")
     parser.set_defaults(handler=simulate_command)
@@ -119,6 +131,13 @@ def simulate_command(args: argparse.Namespace) -> int:
     if args.rate_scale <= 0 or (args.duration is not None and args.duration <= 0):
         print("scaler simulate: --rate-scale and --duration must be positive", file=sys.stderr)
         return 2
+    grace = args.termination_grace_period
+    if grace is None:
+        grace = sim_cluster.TERMINATION_GRACE_S
+    elif not 0 <= grace <= sim_cluster.MAX_GRACE_S:
+        print(f"scaler simulate: --termination-grace-period must be 0 to "
+              f"{sim_cluster.MAX_GRACE_S} seconds, not {grace}", file=sys.stderr)
+        return 2
     if args.from_prometheus is None:
         if args.model is not None or args.end is not None:
             print("scaler simulate: --model and --end go with --from-prometheus",
@@ -162,7 +181,8 @@ def simulate_command(args: argparse.Namespace) -> int:
         print(f"scaler simulate: warning: {warning}", file=sys.stderr)
     bar = report.ProgressBar(names).start()
     try:
-        result = run.simulate(trace, policy=policy, profile=profile, names=names, progress=bar)
+        result = run.simulate(trace, policy=policy, profile=profile, names=names, progress=bar,
+                              grace_s=float(grace), deletion_cost=args.deletion_cost)
     finally:
         bar.close()
     print(f"trace {trace.path}: {trace.requests} requests over {trace.duration_s:.0f} s "
@@ -186,8 +206,9 @@ def fleet_command(args: argparse.Namespace) -> int:
         print(f"scaler simulate: --fleet runs {', '.join(fleet.FLEET_STRATEGIES)} (the oracle "
               f"and static-peak plan one model alone), not {other}", file=sys.stderr)
         return 2
-    ignored = [flag for flag, value in (("--policy", args.policy), ("--start", args.start),
-                                        ("--duration", args.duration)) if value is not None]
+    ignored = [flag for flag, value in (
+        ("--policy", args.policy), ("--start", args.start), ("--duration", args.duration),
+        ("--termination-grace-period", args.termination_grace_period)) if value is not None]
     if ignored or args.rate_scale != 1.0:
         print(f"scaler simulate: with --fleet, {', '.join(ignored) or '--rate-scale'} go in "
               "the fleet file (per model)", file=sys.stderr)
@@ -201,7 +222,8 @@ def fleet_command(args: argparse.Namespace) -> int:
         sys.stdout.reconfigure(line_buffering=True)
     bar = report.ProgressBar(chosen).start()
     try:
-        result = fleet.simulate_fleet(loaded, names=chosen, seed=args.seed, progress=bar)
+        result = fleet.simulate_fleet(loaded, names=chosen, seed=args.seed, progress=bar,
+                                      deletion_cost=args.deletion_cost)
     finally:
         bar.close()
     print(report.fleet_text(result))

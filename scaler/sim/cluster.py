@@ -28,8 +28,13 @@ DRAIN_TAIL_S = 600.0
 # at it, and is killed at the end of the grace period; what it still holds then is cut
 # (`SimCluster.interrupted`). vLLM's default --shutdown-timeout 0 aborts at SIGTERM:
 # grace_s=0. 8B profile, a batch of 100: ~18 ms a token, so a 1,500-token answer needs
-# ~27 s and one of 3,000 is cut halfway (docs/simulation.md, "Scale-down").
+# ~27 s and one of 3,000 is cut halfway (docs/simulation.md, "Scale-down"). A model's own
+# value: the fleet file's terminationGracePeriodSeconds, --termination-grace-period.
 TERMINATION_GRACE_S = 30.0
+# The longest grace period a run accepts: a day. Kubernetes sets no bound (int64 seconds),
+# but a removed replica that may drain for more than a day is a unit slip (milliseconds
+# written as seconds: 30000), and no replayed slice needs it.
+MAX_GRACE_S = 86_400
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

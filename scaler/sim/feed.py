@@ -84,6 +84,10 @@ class SignalFeed:
         histograms = self._histograms(cluster, slots=slots, now=now)
         completed = self._completions(cluster, now=now)
         signal = vocabulary.Signal
+        # KV-cache usage as vLLM's kv_cache_usage_perc: the tokens admitted requests hold
+        # (the simulator reserves a request's prompt and answer when it admits it, which is
+        # also what bounds admission) over the cache.
+        kv_tokens = float(cluster.profile.kv_cache_tokens)
         for slot, histogram in zip(slots, histograms, strict=True):
             source = f"pod-{slot}"
             rate, prompt_rate = ((tokens[:, slot] - before[:, slot]) / span).tolist() if (
@@ -98,6 +102,8 @@ class SignalFeed:
                 signal_samples.Sample(key, signal.PROMPT_TOKENS_PER_SECOND, source, ts,
                                       prompt_rate),
                 signal_samples.Sample(key, signal.COMPLETION_RATE, source, ts, done),
+                signal_samples.Sample(key, signal.KV_CACHE_USAGE, source, ts,
+                                      min(1.0, cluster.kv_used[slot] / kv_tokens)),
             ))
             if histogram is not None:
                 samples.append(signal_samples.Sample(

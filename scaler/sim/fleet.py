@@ -20,6 +20,7 @@ from scaler.core import errors, vocabulary
 from scaler.engine import cost as engine_cost
 from scaler.engine import decide as engine_decide
 from scaler.engine import fleet as engine_fleet
+from scaler.engine import spare as engine_spare
 from scaler.engine import types as engine_types
 from scaler.engine import variants as engine_variants
 from scaler.policy import fleet as policy_fleet
@@ -81,6 +82,13 @@ class FleetModel(policy_model._Model):
     name: str | None = Field(default=None, description="The policy's metadata.name when "
                              "the file holds several. None: its first policy.")
     trace: TraceSource = Field(description="The model's requests.")
+    termination_grace_period_seconds: int = Field(
+        default=int(sim_cluster.TERMINATION_GRACE_S), ge=0, le=sim_cluster.MAX_GRACE_S,
+        strict=True, description="The model's Deployment's pod template "
+        "terminationGracePeriodSeconds (every variant's, for a model with variants): how "
+        "long a replica removed by a scale-down drains what it holds before the rest is "
+        "cut. Whole seconds, 0 to 86,400; default 30, Kubernetes' own. 0: cut at SIGTERM "
+        "(vLLM's default --shutdown-timeout 0).")
 
 
 class FleetReservation(policy_model._Model):
@@ -129,6 +137,7 @@ class Member:
     threshold_s: float
     feasible: frozenset[int]
     parts: tuple[Part, ...] = ()
+    grace_s: float = sim_cluster.TERMINATION_GRACE_S
 
     @property
     def key(self) -> str:
@@ -278,7 +287,8 @@ def load_fleet(path: Path, *, seed: int = 0) -> Fleet:
             for each in ([p.profile for p in parts] or [profile])))
         members.append(Member(policy=policy, profile=profile, trace=trace, pool=pool_name,
                               metric=metric, threshold_s=threshold,
-                              feasible=frozenset(windows), parts=parts))
+                              feasible=frozenset(windows), parts=parts,
+                              grace_s=float(entry.termination_grace_period_seconds)))
     keys = [m.key for m in members]
     twice = sorted({k for k in keys if keys.count(k) > 1})
     if twice:
@@ -650,6 +660,14 @@ def _equivalent_state(parts: Sequence[VariantCluster], *, capacities: Sequence[f
         states, weights=[capacity / unit for capacity in capacities])
 
 
+def _busy_of(work: Mapping[str, engine_spare.PodWork], variant: str) -> int:
+    """A variant's replicas reporting unfinished work: its sources are '<variant>/pod-N'
+    (and its gateway's, counted as one, as `ScalerStrategy.cluster_state` counts it)."""
+    prefix = f"{variant}/"
+    return engine_spare.busy_replicas({source: each for source, each in work.items()
+                                       if source.startswith(prefix)})
+
+
 # ----- arbitration ---------------------------------------------------------------------------
 
 
@@ -699,16 +717,24 @@ class FleetScaler:
         return feed.snapshot(now=now, stale_after_s=member.policy.spec.stale_after_seconds)
 
     def _variant_model(self, member: Member, parts: Sequence[VariantCluster], *,
-                       decision: engine_types.Decision) -> engine_variants.VariantModel:
+                       decision: engine_types.Decision, now: float
+                       ) -> engine_variants.VariantModel:
+        """The model as the fleet step mixes it; for a batch tier each variant keeps its
+        replicas reporting unfinished work (`Option.keep`), as a model without variants
+        keeps them through the engine's busy floor."""
         held = {p.name: (len(c.ready_slots), len(c.not_ready))
                 for p, c in zip(member.parts, parts, strict=True)}
         policy = member.policy
+        options = engine_variants.options_of(policy, pools=self.fleet.pools, held=held)
+        if member.tier is vocabulary.Tier.BATCH:
+            work = self.engines[member.key].work(now=now)
+            options = tuple(dataclasses.replace(option, keep=_busy_of(work, option.name))
+                            for option in options)
         return engine_variants.VariantModel(
             key=member.key, tier=member.tier, tenant=policy.tenant,
             cost_center=policy.cost_center,
             demand=engine_variants.demand_of(policy, decision),
-            lookahead_s=engine_variants.lookahead_of(policy, decision),
-            options=engine_variants.options_of(policy, pools=self.fleet.pools, held=held))
+            lookahead_s=engine_variants.lookahead_of(policy, decision), options=options)
 
     def decide(self, clusters: Mapping[str, PooledCluster], *, now: float) -> dict[str, int]:
         """Every model's replicas at `now`: its own decision uncapped (the ask), the
@@ -736,7 +762,7 @@ class FleetScaler:
                         unit=engine_variants.unit_capacity(member.policy),
                         start_epoch_s=engine.start_epoch_s, now=now),
                     state=engine.state, now=epoch)
-                mixed.append(self._variant_model(member, parts, decision=decision))
+                mixed.append(self._variant_model(member, parts, decision=decision, now=now))
                 continue
             cluster = clusters[member.key]
             snapshot = engine.snapshot(cluster, now=now)
@@ -888,7 +914,8 @@ def replay(fleet: Fleet, *, strategy: str, dt: float = 0.1,
                 clusters[part.key] = VariantCluster(
                     shared=shared[part.pool], trace=member.trace, profile=part.profile,
                     pool=pool, initial_replicas=starts[part.key], dt=dt,
-                    gpus_per_replica=part.gpus_per_replica, warmup_s=run.WARMUP_S)
+                    gpus_per_replica=part.gpus_per_replica, warmup_s=run.WARMUP_S,
+                    grace_s=member.grace_s)
             routers[member.key] = Router(
                 parts=tuple(cast(VariantCluster, clusters[k]) for k in member.cluster_keys),
                 capacities=tuple(p.capacity for p in member.parts))
@@ -906,7 +933,8 @@ def replay(fleet: Fleet, *, strategy: str, dt: float = 0.1,
         clusters[member.key] = PooledCluster(
             shared=shared[member.pool], trace=member.trace, profile=member.profile,
             pool=pool, initial_replicas=_start_replicas(member, pool), dt=dt,
-            gpus_per_replica=member.gpus_per_replica, warmup_s=run.WARMUP_S)
+            gpus_per_replica=member.gpus_per_replica, warmup_s=run.WARMUP_S,
+            grace_s=member.grace_s)
         if strategy == "scaler":
             engines[member.key] = scaler_strategy.ScalerStrategy(
                 member.policy, start_epoch_s=member.trace.start_s,
@@ -1141,9 +1169,11 @@ def fleet_summary(fleet: Fleet, models: Mapping[str, run.StrategyResult], *, led
 
 
 def simulate_fleet(fleet: Fleet, *, names: Sequence[str] = FLEET_STRATEGIES,
-                   seed: int = 0, dt: float = 0.1,
-                   progress: run.Progress | None = None) -> FleetResult:
-    """Replay the fleet under each named strategy (each from the same start)."""
-    results = {name: replay(fleet, strategy=name, dt=dt, progress=progress) for name in names}
+                   seed: int = 0, dt: float = 0.1, progress: run.Progress | None = None,
+                   deletion_cost: bool = True) -> FleetResult:
+    """Replay the fleet under each named strategy (each from the same start);
+    `deletion_cost=False` as in `replay` (`--no-deletion-cost`)."""
+    results = {name: replay(fleet, strategy=name, dt=dt, progress=progress,
+                            deletion_cost=deletion_cost) for name in names}
     return FleetResult(fleet=fleet, seed=seed, results=results)
 

@@ -94,18 +94,21 @@ def feasible(trace: traces.Trace, *, profile: profiles.ReplicaProfile, metric: s
 
 
 def oracle_problem(trace: traces.Trace, *, policy: policy_model.ScalePolicy,
-                   profile: profiles.ReplicaProfile, dt: float = 0.1) -> oracle.Problem:
+                   profile: profiles.ReplicaProfile, dt: float = 0.1,
+                   grace_s: float = sim_cluster.TERMINATION_GRACE_S) -> oracle.Problem:
     metric, threshold = slo_of(policy)
     return oracle.Problem(trace=trace, profile=profile, pool=pool_for(policy, profile),
-                          policy=policy, metric=metric, threshold_s=threshold, dt=dt)
+                          policy=policy, metric=metric, threshold_s=threshold, dt=dt,
+                          grace_s=grace_s)
 
 
 def plan_oracle(
     trace: traces.Trace, *, policy: policy_model.ScalePolicy, profile: profiles.ReplicaProfile,
     initial: int | None = None, dt: float = 0.1, warmup_s: float = WARMUP_S,
+    grace_s: float = sim_cluster.TERMINATION_GRACE_S,
 ) -> oracle.Plan:
     """The oracle's plan: per-window needs, the lower bound, and the repaired replay."""
-    problem = oracle_problem(trace, policy=policy, profile=profile, dt=dt)
+    problem = oracle_problem(trace, policy=policy, profile=profile, dt=dt, grace_s=grace_s)
     windows = feasible(trace, profile=profile, metric=problem.metric,
                        threshold=problem.threshold_s, dt=dt)
     return oracle.make_plan(problem, feasible=windows, initial=initial,
@@ -113,9 +116,10 @@ def plan_oracle(
 
 
 def initial_replicas_for(trace: traces.Trace, *, policy: policy_model.ScalePolicy,
-                         profile: profiles.ReplicaProfile, dt: float = 0.1) -> int:
+                         profile: profiles.ReplicaProfile, dt: float = 0.1,
+                         grace_s: float = sim_cluster.TERMINATION_GRACE_S) -> int:
     """Every strategy's start on this trace (`oracle.initial_replicas`), for `simulate`."""
-    problem = oracle_problem(trace, policy=policy, profile=profile, dt=dt)
+    problem = oracle_problem(trace, policy=policy, profile=profile, dt=dt, grace_s=grace_s)
     windows = feasible(trace, profile=profile, metric=problem.metric,
                        threshold=problem.threshold_s, dt=dt)
     return oracle.initial_replicas(problem, feasible=windows, run=replayer(problem))
@@ -128,7 +132,7 @@ def replayer(problem: oracle.Problem, *, warmup_s: float = WARMUP_S) -> oracle.R
                ) -> sim_cluster.SimCluster:
         return run_strategy(strategy, trace=trace, profile=problem.profile, pool=problem.pool,
                             policy=problem.policy, initial_replicas=start, dt=problem.dt,
-                            warmup_s=warmup_s)
+                            warmup_s=warmup_s, grace_s=problem.grace_s)
 
     return replay
 
@@ -137,6 +141,7 @@ def context_for(
     *, policy: policy_model.ScalePolicy, profile: profiles.ReplicaProfile,
     trace: traces.Trace, pool: sim_cluster.PoolConfig, need: npt.NDArray[np.int64] | None = None,
     initial: int | None = None, dt: float = 0.1, plan: oracle.Plan | None = None,
+    grace_s: float = sim_cluster.TERMINATION_GRACE_S, deletion_cost: bool = True,
 ) -> strategies.Context:
     """What strategy constructors read; the oracle's plan (`plan`, or computed when first
     needed) is shared by `oracle` and `static-peak`."""
@@ -144,8 +149,8 @@ def context_for(
         policy=policy, profile=profile, trace=trace, pool=pool,
         rate_need=oracle.oracle_need(trace, profile) if need is None else need,
         planner=lambda: plan_oracle(trace, policy=policy, profile=profile, initial=initial,
-                                    dt=dt),
-        _plan=plan)
+                                    dt=dt, grace_s=grace_s),
+        _plan=plan, deletion_cost=deletion_cost)
 
 
 def make_strategy(
@@ -174,6 +179,7 @@ def run_strategy(
     dt: float = 0.1,
     warmup_s: float = WARMUP_S,
     progress: Progress | None = None,
+    grace_s: float = sim_cluster.TERMINATION_GRACE_S,
 ) -> sim_cluster.SimCluster:
     """Drive one cluster with one strategy to the end of the trace and its drain tail.
 
@@ -181,11 +187,13 @@ def run_strategy(
     initial replicas (see SimCluster), and then every `period_s`. The run ends when
     every accepted request has finished after the trace's end, or at the end of the
     drain tail (`cluster.DRAIN_TAIL_S`): what is still unfinished then is counted
-    (`unfinished`) and judged a miss.
+    (`unfinished`) and judged a miss. `grace_s`: a removed replica's
+    terminationGracePeriodSeconds.
     """
     cluster = sim_cluster.SimCluster(
         trace=trace, profile=profile, pool=pool, initial_replicas=initial_replicas, dt=dt,
         gpus_per_replica=policy.spec.resources.gpus_per_replica, warmup_s=warmup_s,
+        grace_s=grace_s,
     )
     next_decision = 0.0
     report_every = max(1, cluster.steps // 100)
@@ -350,6 +358,8 @@ def simulate(
     dt: float = 0.1,
     progress: Progress | None = None,
     initial: int | None = None,
+    grace_s: float = sim_cluster.TERMINATION_GRACE_S,
+    deletion_cost: bool = True,
 ) -> SimulationResult:
     """Run each named strategy on its own copy of the cluster; same trace, same start.
 
@@ -357,21 +367,26 @@ def simulate(
     `initial_replicas_for`: what the windows before a first pod could serve need),
     except `static-peak`, which holds its peak from t=0. The oracle's own replay is the
     one its plan already ran. Runs split across processes pass the same `initial`.
+    `grace_s`: every cluster's terminationGracePeriodSeconds (`--termination-grace-period`);
+    `deletion_cost=False`: `scaler` writes no pod-deletion-cost (`--no-deletion-cost`).
     """
     pool = pool_for(policy, profile)
-    problem = oracle_problem(trace, policy=policy, profile=profile, dt=dt)
+    problem = oracle_problem(trace, policy=policy, profile=profile, dt=dt, grace_s=grace_s)
     metric, threshold = problem.metric, problem.threshold_s
     windows = feasible(trace, profile=profile, metric=metric, threshold=threshold, dt=dt)
     plan: oracle.Plan | None = None
     if any(name in PLANNED for name in names):
-        plan = plan_oracle(trace, policy=policy, profile=profile, dt=dt, initial=initial)
+        plan = plan_oracle(trace, policy=policy, profile=profile, dt=dt, initial=initial,
+                           grace_s=grace_s)
         start = plan.initial
     elif initial is not None:
         start = initial
     else:
-        start = initial_replicas_for(trace, policy=policy, profile=profile, dt=dt)
+        start = initial_replicas_for(trace, policy=policy, profile=profile, dt=dt,
+                                     grace_s=grace_s)
     context = context_for(policy=policy, profile=profile, trace=trace, pool=pool,
-                          initial=start, dt=dt, plan=plan)
+                          initial=start, dt=dt, plan=plan, grace_s=grace_s,
+                          deletion_cost=deletion_cost)
     results: dict[str, StrategyResult] = {}
     for name in names:
         strategy = strategies.make(name, context)
@@ -381,7 +396,7 @@ def simulate(
                 strategy, static_peak.StaticPeak) else start
             cluster = run_strategy(strategy, trace=trace, profile=profile, pool=pool,
                                    policy=policy, initial_replicas=own, dt=dt,
-                                   progress=progress)
+                                   progress=progress, grace_s=grace_s)
         summary = summarize(cluster, policy=policy, metric=metric, threshold=threshold,
                             feasible_windows=windows)
         if name == "oracle":

@@ -39,6 +39,6 @@ def test_pools_and_budgets_are_read_cluster_wide_only_with_policy_resources() ->
     assert (role["kind"], binding["kind"]) == ("ClusterRole", "ClusterRoleBinding")
     assert role["rules"] == [
         {"apiGroups": ["scaler.io"], "resources": ["gpupools", "gpubudgets"],
-         "verbs": ["list", "watch"]},
+         "verbs": ["get", "list", "watch"]},
         {"apiGroups": ["scaler.io"], "resources": ["gpupools/status", "gpubudgets/status"],
          "verbs": ["patch"]}]

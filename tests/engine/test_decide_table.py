@@ -342,6 +342,53 @@ def test_prompt_tokens_count_as_replica_time() -> None:
     assert sim.last is not None and sim.last.signals[0].recommendation == 5
 
 
+KV_POLICY = {"tokensPerSecond": {"capacityPerReplica": 6000, "targetUtilization": 0.8},
+             "kvCache": {"targetUtilization": 0.8}}
+
+
+def test_a_filling_kv_cache_sizes_by_memory_not_compute() -> None:
+    # Long prompts with long answers: 5 replicas decode 14,400 tok/s, 3 replicas of
+    # compute at 0.8, but their caches are 90 % full: 5 x 0.9 / 0.8 = 5.6 -> 6.
+    sim = Sim(policy(signals=KV_POLICY), current=5)
+    snapshot = types.SignalSnapshot(tokens_per_second=value(14_400), kv_cache_usage=value(0.9))
+    assert sim.step(0, snapshot) == 6
+    assert sim.last is not None and sim.last.winner == "kv_cache"
+    kv = next(s for s in sim.last.signals if s.name == "kv_cache")
+    assert kv.recommendation == 6 and "90% of the KV cache" in kv.detail
+    # The same work on empty caches: compute decides, and the cache has no say.
+    sim = Sim(policy(signals=KV_POLICY), current=5)
+    assert sim.step(0, types.SignalSnapshot(tokens_per_second=value(14_400),
+                                            kv_cache_usage=value(0.3))) == 5
+    # No ready replica, no cache to read: no opinion (it cannot scale from zero).
+    sim = Sim(policy(signals=KV_POLICY), current=0)
+    sim.step(0, types.SignalSnapshot(tokens_per_second=value(0), kv_cache_usage=value(0.9)))
+    assert sim.last is not None
+    kv = next(s for s in sim.last.signals if s.name == "kv_cache")
+    assert kv.recommendation is None
+
+
+def test_a_full_kv_cache_on_a_backlog_is_held_to_the_load() -> None:
+    # Every replica that works a backlog off fills its cache, so the cache reads ready /
+    # target whatever the load: 6 ready at 100 % read 7.5, then 8 ready read 10, and so
+    # on. Held to load + draining like the other backlog readings, it buys nothing more.
+    p = policy(signals={"concurrency": {"targetPerReplica": 10},
+                        "queueDepth": {"targetWaitingPerReplica": 2},
+                        "kvCache": {"targetUtilization": 0.8}})
+    sim = Sim(p, current=1)
+    _overload_then_drain(sim)
+    assert sim.current == 6
+    for t in range(72, 110, 2):
+        running = 920.0 - 20.0 * (t - 72)
+        desired = sim.step(t, types.SignalSnapshot(
+            in_flight=value(running), queue_depth=value(0), completion_rate=value(63),
+            kv_cache_usage=value(1.0)))
+        assert desired <= 6, (t, running)
+    assert sim.last is not None
+    kv = next(s for s in sim.last.signals if s.name == "kv_cache")
+    assert kv.recommendation is not None and kv.recommendation <= 6
+    assert "held to load" in kv.detail
+
+
 def test_configured_prompt_tokens_missing_holds() -> None:
     p = policy(signals={"tokensPerSecond": {"capacityPerReplica": 2400,
                                             "promptCapacityPerReplica": 25000}})

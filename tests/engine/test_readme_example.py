@@ -40,6 +40,7 @@ def test_worked_example() -> None:
     waiting = _number(r"([\d,]+) waiting, [\d,]+ generated", text)
     generated = _number(r"Signals: .*?([\d,]+) generated and", text)
     prompt = _number(r"Signals: .*?generated and ([\d,]+) prompt tokens/s", text)
+    kv = _number(r"(\d+) % of the KV cache used", text) / 100
     p95 = _number(r"TTFT p95 ([\d.]+) s", text)
     slope = _number(r"risen ([\d.]+) replicas/s", text)
     ready = int(_number(r"(\d+) replicas ready", text))
@@ -53,7 +54,7 @@ def test_worked_example() -> None:
     snapshot = types.SignalSnapshot(
         in_flight=value(running), queue_depth=value(waiting),
         tokens_per_second=value(generated), prompt_tokens_per_second=value(prompt),
-        p95_latency=value(p95))
+        kv_cache_usage=value(kv), p95_latency=value(p95))
     cluster = types.ClusterState(current=ready, ready=ready, free_replica_slots=8)
     decision, state = engine_decide.decide(policy, snapshot=snapshot, cluster=cluster,
                                            state=state, now=now)
@@ -61,7 +62,8 @@ def test_worked_example() -> None:
     assert recs == {
         "concurrency": _number(r"concurrency `\([\d ,+]+\) / \d+ = (\d+)`", text),
         "queue_depth": _number(r"so `\d+ / \d+ = (\d+)`", text),
-        "tokens_per_second": _number(r"= [\d.]+ -> (\d+)`; latency", text),
+        "tokens_per_second": _number(r"= [\d.]+ -> (\d+)`; KV cache", text),
+        "kv_cache": _number(r"KV cache `\d+ x [\d.]+ / [\d.]+ = [\d.]+ -> (\d+)`", text),
         "p95_latency": None,
     }
     assert "within the SLO: no opinion" in text
@@ -85,7 +87,8 @@ def test_worked_example() -> None:
     expected = [int(n) for n in steps.group(1).split(" -> ")]
     quiet = types.SignalSnapshot(
         in_flight=value(90), queue_depth=value(0), tokens_per_second=value(2000),
-        prompt_tokens_per_second=value(20000), p95_latency=value(0.5))
+        prompt_tokens_per_second=value(20000), kv_cache_usage=value(0.2),
+        p95_latency=value(0.5))
     current, seen = decision.desired, [decision.desired]
     for t in range(10, 900, 10):
         decision, state = engine_decide.decide(

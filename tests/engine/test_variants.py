@@ -3,6 +3,7 @@ and Hypothesis properties against a brute-force search."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -226,3 +227,16 @@ def test_the_lookahead_is_the_decisions_time_to_ready() -> None:
         now=1_700_000_000.0)
     assert decision.forecast is not None
     assert variants.lookahead_of(chosen, decision) == decision.forecast.time_to_ready_s
+
+
+def test_a_variant_keeps_its_busy_replicas_unless_its_room_is_below_them() -> None:
+    # Demand 60 alone removes both H100s (remove-the-dearest-per-unit-first). One of them
+    # reports unfinished work (keep 1, a batch tier's busy floor): it stays, and one A100
+    # covers the 20 left (4.0/h, where two would hold 48).
+    busy = dataclasses.replace(opt(H100, ready=2), keep=1)
+    rest = [opt(A100, ready=3), L40S]
+    assert dict(variants.mix([busy, *rest], demand=60, lookahead_s=600).replicas) == {
+        "h100": 1, "a100": 1, "l40s": 0}
+    # A grant of no H100 (its budget or pool exceeded) still cuts it.
+    assert dict(variants.mix([dataclasses.replace(busy, room=0), *rest], demand=60,
+                             lookahead_s=600).replicas) == {"h100": 0, "a100": 3, "l40s": 0}

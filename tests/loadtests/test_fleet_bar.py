@@ -60,3 +60,10 @@ def test_a_bad_fleet_file_is_refused_with_its_name(tmp_path: Path,
     missing = tmp_path / "fleet.yaml"
     assert runner.main(["--fleet", str(missing)]) == 2
     assert str(missing) in capsys.readouterr().err
+
+
+def test_the_batch_model_drains_an_answer_in_flight_the_online_ones_keep_the_default() -> None:
+    # ~1,000-token batch answers take ~34 s at a full batch: 120 s lets a removed replica
+    # finish them where Kubernetes' default 30 s would cut them.
+    assert {m.key: m.grace_s for m in fleet.load_fleet(QUICK).members} == {
+        "inference/search-chat": 30.0, "inference/ads-code": 30.0, "batch/summaries": 120.0}

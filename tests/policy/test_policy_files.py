@@ -77,6 +77,9 @@ def errors_for(tmp_path: Path, text: str) -> list[loader.PolicyError]:
          "not a valid Kubernetes name"),
         ("concurrency: {targetPerReplica: 16}", "p95Latency: {sloSeconds: 2}", "spec.signals",
          "at least one demand signal"),
+        ("concurrency: {targetPerReplica: 16}",
+         "concurrency: {targetPerReplica: 16}\n    kvCache: {targetUtilization: 1.5}",
+         "spec.signals.kvCache.targetUtilization", "less than or equal to 1"),
         ("replicas: {min: 1, max: 8}",
          "replicas: {min: 1, max: 8}\n  warmFloor: {schedules: [{days: Mon-Fri, from: '08:00', "
          "to: '20:00', timeZone: Mars/Olympus, replicas: 2}]}",

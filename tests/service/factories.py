@@ -102,6 +102,27 @@ def loaded_state(*policies: model.ScalePolicy) -> service_state.ServiceState:
     return registry
 
 
+def resource_settings(*, nats_url: str, kube: kube_settings.KubeSettings, namespace: str,
+                      **kube_updates: Any) -> settings.Settings:
+    """A service on loopback over a test cluster (`kube`: an emulator's or a real one's)
+    for end-to-end tests: ScalePolicy, GpuPool and GpuBudget resources as the only policy
+    source, watched in `namespace` (the Lease there too), fast ticks and status writes, an
+    ephemeral HTTP port, no metrics API; `kube_updates` change more kube settings."""
+    return settings.load_settings(environ={}).model_copy(update={
+        "nats": settings.NatsSettings(
+            servers=(nats_url,), reconnect=core_backoff.Backoff(base_delay_s=0.05)),
+        "kube": kube.model_copy(update={
+            "watch_namespaces": (namespace,),
+            "lease": kube_settings.LeaseSettings(namespace=namespace, retry_period_s=0.2,
+                                                 renew_deadline_s=5.0), **kube_updates}),
+        "http": settings.HttpSettings(host="127.0.0.1", port=0),
+        "metrics_api": settings.MetricsApiSettings(enabled=False),
+        "engine": settings.EngineSettings(backstop_tick_seconds=0.2, coalesce_seconds=0.05),
+        "policies": settings.PolicySettings(paths=[], resources=True, reload_poll_seconds=0.1,
+                                            status_min_interval_seconds=0.1),
+    })
+
+
 def loopback_settings(*, nats_url: str, kube_url: str, policies: Path, audit: Path,
                       dry_run: bool = False) -> settings.Settings:
     """A service on loopback for end-to-end tests: NATS and the API at the given URLs,

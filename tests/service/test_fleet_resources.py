@@ -19,12 +19,11 @@ import pytest
 
 from scaler.actuators import client as kube
 from scaler.actuators import rbac
-from scaler.actuators import settings as kube_settings
-from scaler.core import backoff as core_backoff
 from scaler.emulator import env as kube_env
 from scaler.policy import crd
-from scaler.service import runner, settings
+from scaler.service import runner
 
+from . import factories
 from .test_end_to_end import eventually, nats_url
 
 FIXTURES = (nats_url,)  # the real nats-server of the end-to-end tests, used by name
@@ -122,21 +121,8 @@ async def world(nats_url: str) -> AsyncIterator[World]:
         # The pool exists before the service starts (its first list), the budget comes
         # after (its watch).
         await env.api.request("POST", crd.GPU_POOL.collection(), body=pool_body(pool))
-        config = settings.load_settings(environ={}).model_copy(update={
-            "nats": settings.NatsSettings(
-                servers=(nats_url,), reconnect=core_backoff.Backoff(base_delay_s=0.05)),
-            "kube": env.settings.model_copy(update={
-                "watch_namespaces": (env.namespace,),
-                "lease": kube_settings.LeaseSettings(namespace=env.namespace,
-                                                     retry_period_s=0.2,
-                                                     renew_deadline_s=5.0)}),
-            "http": settings.HttpSettings(host="127.0.0.1", port=0),
-            "metrics_api": settings.MetricsApiSettings(enabled=False),
-            "engine": settings.EngineSettings(backstop_tick_seconds=0.2,
-                                              coalesce_seconds=0.05),
-            "policies": settings.PolicySettings(paths=[], resources=True,
-                                                reload_poll_seconds=0.1),
-        })
+        config = factories.resource_settings(nats_url=nats_url, kube=env.settings,
+                                             namespace=env.namespace)
         service = runner.Service(config)
         try:
             await service.start()
@@ -244,7 +230,11 @@ async def test_a_pool_and_budget_from_the_api_are_arbitrated_and_removed(
             and attributes.resource.partition("/")[0] in plurals
             and attributes.verb in ("list", "watch", "patch")}
     assert used and all(rbac.allowed(granted, each) for each in used)
-    assert all(any(rbac.authorizes(grant, each) for each in used) for grant in granted)
+    # `get` of one pool or budget is granted for kubectl and users (`kubectl get gpupool
+    # NAME`); the service itself only lists and watches them.
+    assert {grant[3] for grant in granted} == {"get", "list", "watch", "patch"}
+    assert all(any(rbac.authorizes(grant, each) for each in used)
+               for grant in granted if grant[3] != "get")
 
 
 async def test_an_invalid_pool_or_budget_keeps_the_last_good_with_the_reason(

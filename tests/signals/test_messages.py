@@ -42,6 +42,19 @@ def test_prompt_tokens_per_second_is_an_optional_extension() -> None:
     assert json.loads(encoded)["prompt_tokens_per_second"] == 3.5
 
 
+def test_kv_cache_usage_is_an_optional_fraction() -> None:
+    result = messages.parse(body(kv_cache_usage=0.85, source="pod-a"), now=NOW)
+    assert isinstance(result, tuple)
+    (sample,) = result
+    assert (sample.signal, sample.value) == ("kv_cache_usage", 0.85)
+    # A share above the whole cache is no reading: dropped as implausible, and counted.
+    dropped = messages.parse(body(kv_cache_usage=3.0), now=NOW)
+    assert isinstance(dropped, messages.Drop) and dropped.reason == "implausible"
+    assert messages.parse(body(kv_cache_usage=-0.1), now=NOW).reason == "schema"
+    encoded = messages.encode(model="m", ts=NOW, values={Signal.KV_CACHE_USAGE: 0.5})
+    assert json.loads(encoded)["kv_cache_usage"] == 0.5
+
+
 def test_design_example_becomes_four_samples() -> None:
     result = messages.parse(json.dumps(DESIGN_EXAMPLE).encode(), now=NOW)
     assert isinstance(result, tuple)

@@ -71,6 +71,7 @@ class Exporter:
             f"sglang:gen_throughput{{{a}}} 321.5",
             f"sglang:prompt_tokens_total{{{a}}} {400 * t}",
             f"sglang:num_requests_total{{{a}}} {3 * t}",
+            f"sglang:token_usage{{{a}}} 0.28",
             *_buckets("sglang:time_to_first_token_seconds_bucket", a, TTFT_LE, TTFT_A, t),
             f"tgi_queue_size{{{a}}} 2",
             f"tgi_batch_current_size{{{a}}} 4",
@@ -194,7 +195,8 @@ def test_vllm_preset_queries() -> None:
         ("vllm", "itl", {"queue_depth", "in_flight", "tokens_per_second",
                          "prompt_tokens_per_second", "kv_cache_usage", "completion_rate"}),
         ("sglang", "ttft", {"queue_depth", "in_flight", "tokens_per_second",
-                            "prompt_tokens_per_second", "p95_latency", "completion_rate"}),
+                            "prompt_tokens_per_second", "kv_cache_usage", "p95_latency",
+                            "completion_rate"}),
         ("tgi", "e2e", {"queue_depth", "in_flight", "p95_latency", "completion_rate"}),
         ("tgi", "ttft", {"queue_depth", "in_flight", "completion_rate"}),
     ],
@@ -292,6 +294,7 @@ async def test_e2e_latency_and_other_presets(
     assert vllm["p95_latency"] == pytest.approx(e2e, rel=1e-6)
     assert sglang["queue_depth"] == 7.0 and sglang["in_flight"] == 9.0
     assert sglang["tokens_per_second"] == 321.5
+    assert sglang["kv_cache_usage"] == pytest.approx(0.28)
     assert sglang["completion_rate"] == pytest.approx(3.0, rel=0.05)
     # One pod: rank 19 of 20 in (1, 2.5] holding 6, 5 of them below the rank.
     assert sglang["p95_latency"] == pytest.approx(1 + 1.5 * 5 / 6, rel=1e-6)

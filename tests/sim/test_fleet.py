@@ -164,6 +164,15 @@ def test_json_matches_the_schema_and_the_cli_writes_it(fleet_dir: Path, tmp_path
      "models[2].trace.path: "),
     (lambda d: d["models"][0].update(name="nobody"), "models[0].policy: "),
     (lambda d: d.update(models=[d["models"][0], d["models"][0]]), "fleet/chat-a named more"),
+    (lambda d: d["models"][2].update(terminationGracePeriodSeconds=-1),
+     "models[2].terminationGracePeriodSeconds: Input should be greater than or equal to 0"),
+    (lambda d: d["models"][2].update(terminationGracePeriodSeconds=86_401),
+     "models[2].terminationGracePeriodSeconds: Input should be less than or equal to 86400"),
+    # Whole seconds, as the Deployment's field: neither a fraction nor a bool.
+    (lambda d: d["models"][0].update(terminationGracePeriodSeconds=1.5),
+     "models[0].terminationGracePeriodSeconds: Input should be a valid integer"),
+    (lambda d: d["models"][0].update(terminationGracePeriodSeconds=True),
+     "models[0].terminationGracePeriodSeconds: Input should be a valid integer"),
 ])
 def test_a_bad_fleet_file_names_the_file_and_the_field(
     fleet_dir: Path, tmp_path: Path, change: object, expected: str,

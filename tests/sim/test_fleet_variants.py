@@ -108,3 +108,37 @@ def test_the_shipped_variants_example_loads() -> None:
         assert [p.name for p in member.parts] == variants
         assert {p.profile.name for p in member.parts} <= {"llama-3.1-8b-h100",
                                                           "llama-3.1-8b-l40s"}
+
+
+@pytest.mark.parametrize("tier", ["online", "batch"])
+def test_a_batch_variant_keeps_its_replicas_with_unfinished_work(tmp_path: Path,
+                                                                 tier: str) -> None:
+    # 20 req/s of 1,500-token answers for a minute, then a tenth of it: the demand falls
+    # while the replicas still decode (an L40S answer takes about a minute), and scale-downs
+    # act at once (no window, no rate limit). A grace period of 0 cuts whatever a removed
+    # replica holds, so every removal of a busy replica shows.
+    document = _policy([H100, L40S])
+    document["spec"].update(tier=tier, replicas={"min": 1, "max": 96}, warmFloor={"replicas": 1},
+                            behavior={"scaleDown": {"stabilizationSeconds": 0, "policies": []}})
+    (tmp_path / "pools.yaml").write_text(yaml.safe_dump_all(POOLS))
+    (tmp_path / "policy.yaml").write_text(yaml.safe_dump(document))
+    trace = step_trace(segments=[(60.0, 20.0), (60.0, 2.0)], input_tokens=200,
+                       output_tokens=1500, seed=3)
+    rows = "\n".join(f"{t:.3f},{i},{o}" for t, i, o in zip(
+        trace.arrival_s, trace.input_tokens, trace.output_tokens, strict=True))
+    (tmp_path / "trace.csv").write_text("timestamp_s,input_tokens,output_tokens\n" + rows + "\n")
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump({"pools": ["pools.yaml"], "models": [
+        {"policy": "policy.yaml", "trace": {"path": "trace.csv", "format": "csv"},
+         "terminationGracePeriodSeconds": 0}]}))
+    result = fleet.replay(fleet.load_fleet(path), strategy="scaler")
+    cut = result.fleet["interrupted_requests"]
+    scaled = {key: v["scale_events"] for key, v in result.fleet["by_variant"].items()}
+    assert all(events >= 1 for events in scaled.values()), scaled
+    if tier == "online":
+        assert cut >= 50  # the mix removes replicas mid-answer (by deletion cost, idlest first)
+    else:
+        # Each variant keeps the replicas whose reports show work (Option.keep). What a
+        # report cannot show is cut: a request routed to a replica after its last report
+        # (1 s old) and before its removal, at most a couple here.
+        assert cut <= 2

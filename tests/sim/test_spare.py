@@ -4,15 +4,18 @@ and the batch tier's busy floor reaching the engine (issue 16, item 3)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import yaml
 
+from scaler import cli
 from scaler.policy import model as policy_model
 from scaler.sim import cluster as sim_cluster
-from scaler.sim import profiles, run, traces
+from scaler.sim import profiles, run, strategies, traces
 from scaler.sim.strategies import scaler as scaler_strategy
 
 from .conftest import REPO
@@ -69,19 +72,24 @@ def _gone(sim: sim_cluster.SimCluster) -> list[int]:
 def test_the_idlest_replica_goes_first_with_deletion_costs_and_another_without(
     profile_8b: profiles.ReplicaProfile, policy_8b: policy_model.ScalePolicy,
 ) -> None:
-    # Replicas 0 and 1 each run a long generation, replica 2 finished its short one.
+    # Replicas 0 and 1 each run a long generation, replica 2 finished its short one. The
+    # strategy is the one `scaler simulate` builds (the registry; --no-deletion-cost is
+    # Context.deletion_cost False).
     trace = _trace([LONG, LONG, SHORT])
     outcomes = {}
     for costs in (True, False):
         sim = _cluster(trace, profile_8b, replicas=3)
-        strategy = scaler_strategy.ScalerStrategy(policy_8b, start_epoch_s=EPOCH,
-                                                  deletion_cost=costs)
+        strategy = strategies.make("scaler", run.context_for(
+            policy=policy_8b, profile=profile_8b, trace=trace, pool=sim.pool,
+            deletion_cost=costs))
+        assert isinstance(strategy, scaler_strategy.ScalerStrategy)
         now = _run(sim, start=0.0, until=5.0, strategy=strategy)
         strategy.annotate(sim, desired=2, now=now)
         sim.scale_to(2, now=now)
         outcomes[costs] = _gone(sim)
-        if costs:  # the reports reached the pods' annotations: in flight + waiting
-            assert [p.deletion_cost for p in sim.pods] == [1, 1, 0]
+        # With costs the reports reached the pods' annotations (in flight + waiting);
+        # without, none is written and every pod keeps Kubernetes' 0.
+        assert [p.deletion_cost for p in sim.pods] == ([1, 1, 0] if costs else [0, 0, 0])
     assert outcomes[True] == [2]
     # Without costs every pod ranks the same up to readiness; the ReplicaSet takes the
     # most recently ready, then the newest, and these tie: the first listed, replica 0.
@@ -167,3 +175,93 @@ def test_a_batch_replica_with_work_is_kept_an_online_one_is_not(
     else:  # removed at t=3, killed at t=33 with its answer a third done
         assert [p.phase for p in sim.pods[:2]] == ["gone", "ready"]
         assert sim.interrupted.tolist() == [True, False, False]
+
+
+# ----- the grace period and deletion costs, end to end ------------------------------------
+
+# Three replicas carry 60 req/s of 300-token answers for 150 s (the first minute needs all
+# three, policy max 3); 15 s after the load ends, with every replica idle, two answers of
+# 20,000 tokens (162 s each at batch 1) go to the first two replicas (least-loaded, ties
+# by order). 60 s after the load ended the engine scales down to one replica, each long
+# answer then ~40 s in, ~120 s short of its end.
+STEADY_S, STEADY_RATE, LONG_AT, LATE_LONG = 150.0, 60.0, 165.0, 20_000
+
+
+def _steady_then_two_long(folder: Path) -> tuple[Path, Path]:
+    """The trace above as a CSV and an online 8B policy whose scale-down waits 60 s (no
+    rate limit, no warm floor, no node pool), 1 to 3 replicas."""
+    rng = np.random.default_rng(0)
+    steady = np.sort(rng.uniform(0.0, STEADY_S, int(STEADY_RATE * STEADY_S)))
+    rows = [f"{t:.3f},100,300" for t in steady] + [f"{LONG_AT},100,{LATE_LONG}"] * 2
+    trace = folder / "trace.csv"
+    trace.write_text("timestamp_s,input_tokens,output_tokens\n" + "\n".join(rows) + "\n")
+    document: dict[str, Any] = yaml.safe_load((REPO / "config" / "llama-8b.yaml").read_text())
+    spec = document["spec"]
+    spec.update(tier="online", warmFloor={"replicas": 0}, replicas={"min": 1, "max": 3},
+                behavior={"scaleDown": {"stabilizationSeconds": 60, "policies": []}})
+    spec.pop("nodePool")
+    policy = folder / "policy.yaml"
+    policy.write_text(yaml.safe_dump(document))
+    return trace, policy
+
+
+def test_simulate_flags_set_the_grace_period_and_turn_deletion_costs_off(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    trace, policy = _steady_then_two_long(tmp_path)
+
+    def cut(*flags: str) -> int:
+        out = tmp_path / "out.json"
+        assert cli.main(["simulate", "--trace", str(trace), "--policy", str(policy),
+                         "--strategies", "scaler", "--json", str(out), *flags]) == 0
+        summary = json.loads(out.read_text())["strategies"]["scaler"]
+        assert summary["scale_events"] >= 1  # it did scale down
+        return int(summary["interrupted_requests"])
+
+    # With costs the idle third replica goes first and one long answer is cut 30 s after
+    # its replica's removal; without, the ReplicaSet's own order (the most recently
+    # ready, then the newest: here the first listed) removes both replicas holding one.
+    assert cut() == 1
+    assert cut("--no-deletion-cost") == 2
+    # 600 s is longer than what is left of either answer: removed replicas drain them.
+    assert cut("--termination-grace-period", "600") == 0
+    capsys.readouterr()
+    for bad in ("-1", str(sim_cluster.MAX_GRACE_S + 1)):
+        assert cli.main(["simulate", "--trace", str(trace), "--policy", str(policy),
+                         "--termination-grace-period", bad]) == 2
+        assert f"--termination-grace-period must be 0 to 86400 seconds, not {bad}" in (
+            capsys.readouterr().err)
+
+
+def test_the_fleet_file_sets_each_models_grace_period_and_the_flag_turns_costs_off(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The scenario above as a one-model fleet on an 8-GPU pool: with its defaults the
+    # replay cuts what `scaler simulate` cuts (1 with costs), so each figure below shows
+    # its setting at work.
+    trace, policy = _steady_then_two_long(tmp_path)
+    document = yaml.safe_load(policy.read_text())
+    document["spec"]["nodePool"] = {"name": "gpus", "gpusPerNode": 8, "maxNodes": 1,
+                                    "actuator": "none"}
+    policy.write_text(yaml.safe_dump(document))
+    (tmp_path / "pool.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "scaler.io/v1alpha1", "kind": "GpuPool", "metadata": {"name": "gpus"},
+        "spec": {"gpusPerNode": 8, "maxNodes": 1, "gpuHourly": 2.5}}))
+    path, out = tmp_path / "fleet.yaml", tmp_path / "out.json"
+
+    def cut(grace: int | None, *flags: str) -> int:
+        entry: dict[str, Any] = {"policy": policy.name, "trace": {"path": trace.name}}
+        if grace is not None:
+            entry["terminationGracePeriodSeconds"] = grace
+        path.write_text(yaml.safe_dump({"pools": ["pool.yaml"], "models": [entry]}))
+        assert cli.main(["simulate", "--fleet", str(path), "--strategies", "scaler",
+                         "--json", str(out), *flags]) == 0
+        return int(json.loads(out.read_text())["strategies"]["scaler"]["fleet"][
+            "interrupted_requests"])
+
+    assert cut(None, "--no-deletion-cost") == 2
+    assert cut(600) == 0
+    capsys.readouterr()
+    assert cli.main(["simulate", "--fleet", str(path),
+                     "--termination-grace-period", "600"]) == 2
+    assert "--termination-grace-period go in the fleet file" in capsys.readouterr().err

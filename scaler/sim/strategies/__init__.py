@@ -30,7 +30,8 @@ class Strategy(Protocol):
 @dataclass(slots=True)
 class Context:
     """What constructors may use: the run's policy, profile, trace and pool, the rate
-    estimate (`oracle-rate`), and the oracle's plan, computed once when first asked for."""
+    estimate (`oracle-rate`), the oracle's plan, computed once when first asked for, and
+    whether `scaler` writes pod-deletion-costs (`deletion_cost`, `--no-deletion-cost`)."""
 
     policy: policy_model.ScalePolicy
     profile: profiles.ReplicaProfile
@@ -39,6 +40,7 @@ class Context:
     rate_need: npt.NDArray[np.int64]
     planner: Callable[[], oracle.Plan]
     _plan: oracle.Plan | None = field(default=None, repr=False)
+    deletion_cost: bool = True
 
     def plan(self) -> oracle.Plan:
         if self._plan is None:
@@ -66,7 +68,8 @@ def _oracle_rate(context: Context) -> Strategy:
 
 # One place that maps a strategy's name (CLI, JSON keys) to its constructor.
 REGISTRY: dict[str, Callable[[Context], Strategy]] = {
-    "scaler": lambda c: scaler.ScalerStrategy(c.policy, start_epoch_s=c.trace.start_s),
+    "scaler": lambda c: scaler.ScalerStrategy(c.policy, start_epoch_s=c.trace.start_s,
+                                              deletion_cost=c.deletion_cost),
     "hpa": lambda c: hpa.Hpa(c.policy),
     "keda": lambda c: keda.Keda(c.policy),
     "kpa": lambda c: kpa.Kpa(c.policy),

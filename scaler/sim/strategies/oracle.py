@@ -126,6 +126,9 @@ class Problem:
     metric: str
     threshold_s: float
     dt: float = 0.1
+    # A removed replica's terminationGracePeriodSeconds (SimCluster.grace_s): the oracle
+    # replays its schedules on the same cluster as the strategies it bounds.
+    grace_s: float = sim_cluster.TERMINATION_GRACE_S
 
     @property
     def gpus_per_replica(self) -> int:
