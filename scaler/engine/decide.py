@@ -129,7 +129,9 @@ def estimate_load(draft: Draft) -> str:
                                       ready=draft.cluster.ready)
     if overloaded:
         draft.state = dataclasses.replace(draft.state, overloaded_at=draft.now)
-    served = learn_served_share(draft, overloaded=overloaded)
+    usage = draft.snapshot.kv_cache_usage
+    memory_full = usage is not None and usage.fresh and usage.value >= KV_FULL
+    served = learn_served_share(draft, saturated=overloaded or memory_full)
     draft.draining = not overloaded and _draining(draft)
     flow = flow_balance(draft)
     backlogged = draft.backlogged = overloaded or draft.draining
@@ -164,18 +166,25 @@ def estimate_load(draft: Draft) -> str:
 # capacity: the tokens/s rates (a Prometheus rate() over 30 s to 1 m, a replica's own
 # window) must cover the saturated time, not the minute before it.
 SATURATION_SETTLE_S = 30.0
+# A KV cache this full admits no more requests: the replicas are saturated by memory,
+# with or without a queue beyond the overload bound (vLLM keeps a few blocks free as a
+# watermark, so a full cache reads 0.95-0.99).
+KV_FULL = 0.95
 # Weight of a new saturated sample in the served share (about the last 10 samples), and
 # the share's bounds: a capacity model off by more than 2x is a wrong policy, not a mix.
 SERVED_WEIGHT = 0.1
 SERVED_BOUNDS = (0.5, 2.0)
 
 
-def learn_served_share(draft: Draft, *, overloaded: bool) -> str:
+def learn_served_share(draft: Draft, *, saturated: bool) -> str:
     """The tokens/s capacity model, checked against what saturated replicas serve.
 
-    A queue beyond the overload bound means every ready replica is busy, so the work they
-    produce is their capacity on today's mix. In capacity-model units (the tokens opinion
-    x its utilisation target / ready replicas) that is 1 when the model is right. Measured:
+    A queue beyond the overload bound, or a KV cache at KV_FULL, means every ready replica
+    is busy (in compute or in memory), so the work they produce is their capacity on
+    today's mix: 7 replicas of half 6k-token prompts filled 98 % of their caches with 31
+    waiting, under the queue's bound of 56, while serving 0.87 of the model. In
+    capacity-model units (the tokens opinion x its utilisation target / ready replicas)
+    that is 1 when the model is right. Measured:
     5 replicas saturated on half 6k-token prompts served 0.875 of it (prefill interleaved
     with decode costs more than the two capacities add up to), so 7 replicas sized by the
     model ran out at 31 req/s; on chat-sized prompts 2 replicas served 1.10. The share
@@ -193,7 +202,7 @@ def learn_served_share(draft: Draft, *, overloaded: bool) -> str:
     work = tokens.demand
     if work is None:
         return ""
-    if not overloaded or cluster.ready == 0:
+    if not saturated or cluster.ready == 0:
         if state.saturated_since is not None:
             draft.state = dataclasses.replace(state, saturated_since=None, saturated_ready=0)
     elif state.saturated_since is None:

@@ -796,6 +796,25 @@ def test_saturated_replicas_check_the_tokens_capacity_model() -> None:
     assert next(s for s in sim.last.steps if s.name == "load").detail.count("x 0.87") == 1
 
 
+def test_a_full_kv_cache_is_saturation_too() -> None:
+    # Long prompts: the caches are full (vLLM admits no more) with a few waiting, under
+    # the queue's overload bound (8 per replica). What the replicas serve then is their
+    # capacity on this mix, as with a queue: 1.733 / 2 = 0.867 of the model.
+    p = policy(signals=TOKENS_AND_QUEUE, replicas={"min": 1, "max": 40})
+
+    def memory_bound(usage: float) -> types.SignalSnapshot:
+        return types.SignalSnapshot(
+            queue_depth=value(6), tokens_per_second=value(2_000),
+            prompt_tokens_per_second=value(35_000), kv_cache_usage=value(usage))
+
+    full, half = Sim(p, current=2), Sim(p, current=2)
+    for t in range(0, 62, 2):
+        full.step(t, memory_bound(0.97), ready=2)
+        half.step(t, memory_bound(0.5), ready=2)
+    assert full.state.served_share == pytest.approx(1.733 / 2, rel=1e-3)
+    assert half.state.served_share == 1.0       # room in the cache: no capacity read
+
+
 def test_a_backlog_left_on_old_replicas_teaches_no_capacity() -> None:
     p = policy(signals=TOKENS_AND_QUEUE, replicas={"min": 1, "max": 40})
     sim = Sim(p, current=1)
