@@ -377,12 +377,7 @@ def test_a_full_kv_cache_on_a_backlog_is_held_to_the_load() -> None:
     sim = Sim(p, current=1)
     _overload_then_drain(sim)
     assert sim.current == 6
-    for t in range(72, 110, 2):
-        running = 920.0 - 20.0 * (t - 72)
-        desired = sim.step(t, types.SignalSnapshot(
-            in_flight=value(running), queue_depth=value(0), completion_rate=value(63),
-            kv_cache_usage=value(1.0)))
-        assert desired <= 6, (t, running)
+    _work_the_backlog_off(sim, kv_cache_usage=value(1.0))
     assert sim.last is not None
     kv = next(s for s in sim.last.signals if s.name == "kv_cache")
     assert kv.recommendation is not None and kv.recommendation <= 6
@@ -626,6 +621,17 @@ def _overload_then_drain(sim: Sim) -> None:
                                          completion_rate=value(13)))
 
 
+def _work_the_backlog_off(sim: Sim, **extra: types.SignalValue) -> None:
+    """After `_overload_then_drain`: the 900 waiting are admitted and finish at 63/s (43
+    arriving + 20 of the backlog); the count must stay at the 6 the load needs."""
+    for t in range(72, 110, 2):
+        running = 920.0 - 20.0 * (t - 72)
+        desired = sim.step(t, types.SignalSnapshot(
+            in_flight=value(running), queue_depth=value(0), completion_rate=value(63),
+            **extra))
+        assert desired <= 6, (t, running)
+
+
 def test_a_draining_backlog_is_not_read_as_load() -> None:
     p = policy(signals={"concurrency": {"targetPerReplica": 10},
                         "queueDepth": {"targetWaitingPerReplica": 2}})
@@ -636,11 +642,7 @@ def test_a_draining_backlog_is_not_read_as_load() -> None:
     # queue is empty and the running count falls 20 a second as they finish 63/s (43
     # arriving + 20 of the backlog). Concurrency reads 920 / 10 = 92 replicas; the load
     # is 43 x 0.1 = 4.3, and the count must not buy the 92.
-    for t in range(72, 110, 2):
-        running = 920.0 - 20.0 * (t - 72)
-        desired = sim.step(t, types.SignalSnapshot(
-            in_flight=value(running), queue_depth=value(0), completion_rate=value(63)))
-        assert desired <= 6, (t, running)
+    _work_the_backlog_off(sim)
     assert sim.last is not None
     load = next(s for s in sim.last.steps if s.name == "load")
     assert "draining a backlog" in load.detail
