@@ -203,9 +203,9 @@ def kv_cache(
     Tokens/s counts work, not the memory it holds: a request keeps its prompt and answer
     in the KV cache until it finishes, so long prompts with long answers fill the cache
     while compute is still free, and new requests then wait for memory. Usage is a mean
-    over the replicas that report it, which are the ready ones. Example: 5 ready at 85 %
-    used, target 0.8 -> 5 x 0.85 / 0.8 = 5.3 -> 6 replicas, a minute before the queue
-    would have said so. A full cache reads at most ready / target: it measures a
+    over the replicas that report it, which are the ready ones. Example: 5 ready at 90 %
+    used, target 0.8 -> 5 x 0.9 / 0.8 = 5.6 -> 6 replicas (at 85 %, 5.3 is within the
+    10 % tolerance of 5: no change). A full cache reads at most ready / target: it measures a
     shortfall of memory, not how large it is, so while a backlog is served it is held to
     the load like the other backlog readings (decide.BACKLOG_READINGS).
     """

@@ -258,10 +258,10 @@ class TokensPerSecondSignal(_Model):
 class KvCacheSignal(_Model):
     """Memory in use: ready replicas x mean KV-cache usage / targetUtilization.
 
-    Long prompts and long answers are bound by the KV cache before compute: a 6k-token
-    prompt with an 800-token answer holds 6,800 tokens of an 8B H100's ~400k for the 20 s
-    it decodes, so 2.5 of them a second fill 85 % of it while tokens/s still reads 60 % of
-    the replica. vLLM reports `vllm:kv_cache_usage_perc`, SGLang `sglang:token_usage`.
+    Long prompts and long answers can run out of KV cache before compute: a 6k-token
+    prompt with an 800-token answer holds 6,800 of an 8B H100's ~400k cache tokens for the
+    ~20 s it decodes, so 2.5 of them a second fill 85 % of it. vLLM reports
+    `vllm:kv_cache_usage_perc`, SGLang `sglang:token_usage`.
     """
 
     target_utilization: float = Field(
