@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -31,26 +31,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    # SIGINT and SIGTERM stop it cleanly, also when it was started with SIGINT ignored
+    # (as a non-interactive shell starts a background job `&`), which Python's own
+    # KeyboardInterrupt would not see.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
     # As a cluster: the deployment controller writes status after every spec change.
     emulator = server.KubeEmulator(clock=time.time,
                                    options=server.EmulatorOptions(status_writer=True))
     url = await emulator.start(port=args.port)
+    waits: set[asyncio.Task[object]] = {asyncio.create_task(stop.wait())}
     try:
         print(f"Kubernetes API emulator on {url} (kubeconfig server: {url})", flush=True)
-        if not args.controller:
-            await asyncio.Event().wait()
-        pods = controller.EmulatorController(emulator, controller.ControllerSettings(
-            schedule_delay_s=args.schedule_delay, start_delay_s=args.start_delay,
-            ready_delay_s=args.ready_delay))
-        await pods.run()
+        if args.controller:
+            waits.add(asyncio.create_task(controller.EmulatorController(
+                emulator, controller.ControllerSettings(
+                    schedule_delay_s=args.schedule_delay, start_delay_s=args.start_delay,
+                    ready_delay_s=args.ready_delay)).run()))
+        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()  # a pod controller that failed says why
     finally:
+        for task in waits:
+            task.cancel()
         await emulator.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args))
+    asyncio.run(serve(args))
     return 0
 
 
