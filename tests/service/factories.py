@@ -140,3 +140,12 @@ def loopback_settings(*, nats_url: str, kube_url: str, policies: Path, audit: Pa
         "policies": settings.PolicySettings(paths=[policies], reload_poll_seconds=0.1),
         "audit": settings.AuditSettings(path=audit),
     })
+
+
+def deployment(name: str, replicas: int) -> dict[str, Any]:
+    """A minimal vLLM Deployment body for the emulator's store, its pods labelled app=name."""
+    labels = {"app": name}
+    return {"metadata": {"name": name},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels},
+                                  "spec": {"containers": [{"name": "vllm", "image": "x"}]}}}}

@@ -29,7 +29,7 @@ from scaler.core import backoff as core_backoff
 from scaler.service import runner, settings, tls
 from scaler.testing import nats_server
 
-from . import fakes
+from . import factories, fakes
 
 NAMESPACE = "inference"
 MODEL = "llama-70b"
@@ -109,12 +109,8 @@ async def emulator() -> AsyncIterator[kube_emulator.KubeEmulator]:
         task = asyncio.create_task(controller.run(), name="emulator-controller")
         for namespace in (NAMESPACE, "scaler"):  # a real API server refuses missing ones
             emu.ensure_namespace(namespace)
-        emu.store.create(emu.resource("apps", "deployments"), NAMESPACE, {
-            "metadata": {"name": MODEL},
-            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": MODEL}},
-                     "template": {"metadata": {"labels": {"app": MODEL}},
-                                  "spec": {"containers": [{"name": "vllm", "image": "x"}]}}},
-        })
+        emu.store.create(emu.resource("apps", "deployments"), NAMESPACE,
+                         factories.deployment(MODEL, 2))
         try:
             yield emu
         finally:

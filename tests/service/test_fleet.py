@@ -70,13 +70,8 @@ async def emulator() -> AsyncIterator[kube_emulator.KubeEmulator]:
         for namespace in (NAMESPACE, "scaler"):
             emu.ensure_namespace(namespace)
         for name in (CHAT, EMBED):
-            emu.store.create(emu.resource("apps", "deployments"), NAMESPACE, {
-                "metadata": {"name": name},
-                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
-                         "template": {"metadata": {"labels": {"app": name}},
-                                      "spec": {"containers": [{"name": "vllm",
-                                                               "image": "x"}]}}},
-            })
+            emu.store.create(emu.resource("apps", "deployments"), NAMESPACE,
+                             factories.deployment(name, 1))
         yield emu
 
 

@@ -74,13 +74,8 @@ async def emulator() -> AsyncIterator[kube_emulator.KubeEmulator]:
         for namespace in (NAMESPACE, "scaler"):
             emu.ensure_namespace(namespace)
         for name, count in ((H100, 2), (L40S, 0)):
-            emu.store.create(emu.resource("apps", "deployments"), NAMESPACE, {
-                "metadata": {"name": name},
-                "spec": {"replicas": count, "selector": {"matchLabels": {"app": name}},
-                         "template": {"metadata": {"labels": {"app": name}},
-                                      "spec": {"containers": [{"name": "vllm",
-                                                               "image": "x"}]}}},
-            })
+            emu.store.create(emu.resource("apps", "deployments"), NAMESPACE,
+                             factories.deployment(name, count))
         # Pods made and Ready at once: the mix reads them as held.
         controller = kube_emulator.EmulatorController(
             emu, kube_emulator.ControllerSettings(interval_s=0.02))
