@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from scaler import emulator as kube_emulator
 from scaler.actuators import settings as kube_settings
 from scaler.core import backoff as core_backoff
 from scaler.engine import types
@@ -149,3 +154,28 @@ def deployment(name: str, replicas: int) -> dict[str, Any]:
             "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
                      "template": {"metadata": {"labels": labels},
                                   "spec": {"containers": [{"name": "vllm", "image": "x"}]}}}}
+
+
+@contextlib.asynccontextmanager
+async def cluster(deployments: Mapping[str, int], *, namespace: str = "inference",
+                  pods: bool = False) -> AsyncIterator[kube_emulator.KubeEmulator]:
+    """The emulator as a cluster the service tests run against: a controller writes
+    Deployment status (as in every real cluster), the namespaces exist (a real API server
+    refuses missing ones), `deployments` by name and replicas; `pods`: a pod controller
+    makes their pods and marks them Ready at once."""
+    async with kube_emulator.KubeEmulator(
+            clock=time.time, options=kube_emulator.EmulatorOptions(status_writer=True)) as emu:
+        for each in (namespace, "scaler"):
+            emu.ensure_namespace(each)
+        for name, replicas in deployments.items():
+            emu.store.create(emu.resource("apps", "deployments"), namespace,
+                             deployment(name, replicas))
+        task = None if not pods else asyncio.create_task(kube_emulator.EmulatorController(
+            emu, kube_emulator.ControllerSettings(interval_s=0.02)).run(),
+            name="emulator-controller")
+        try:
+            yield emu
+        finally:
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)

@@ -102,20 +102,8 @@ def nats_url() -> Iterator[str]:
 @pytest.fixture
 async def emulator() -> AsyncIterator[kube_emulator.KubeEmulator]:
     # A controller writes status in every real cluster: so does the emulator here.
-    async with kube_emulator.KubeEmulator(
-            clock=time.time, options=kube_emulator.EmulatorOptions(status_writer=True)) as emu:
-        controller = kube_emulator.EmulatorController(
-            emu, kube_emulator.ControllerSettings(interval_s=0.02))
-        task = asyncio.create_task(controller.run(), name="emulator-controller")
-        for namespace in (NAMESPACE, "scaler"):  # a real API server refuses missing ones
-            emu.ensure_namespace(namespace)
-        emu.store.create(emu.resource("apps", "deployments"), NAMESPACE,
-                         factories.deployment(MODEL, 2))
-        try:
-            yield emu
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+    async with factories.cluster({MODEL: 2}, namespace=NAMESPACE, pods=True) as emu:
+        yield emu
 
 
 @pytest.fixture

@@ -65,13 +65,7 @@ spec: {tenant: search, pool: h100, guaranteedGpus: 8, maxGpus: 10, borrow: true}
 
 @pytest.fixture
 async def emulator() -> AsyncIterator[kube_emulator.KubeEmulator]:
-    async with kube_emulator.KubeEmulator(
-            clock=time.time, options=kube_emulator.EmulatorOptions(status_writer=True)) as emu:
-        for namespace in (NAMESPACE, "scaler"):
-            emu.ensure_namespace(namespace)
-        for name in (CHAT, EMBED):
-            emu.store.create(emu.resource("apps", "deployments"), NAMESPACE,
-                             factories.deployment(name, 1))
+    async with factories.cluster({CHAT: 1, EMBED: 1}, namespace=NAMESPACE) as emu:
         yield emu
 
 

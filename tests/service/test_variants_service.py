@@ -6,7 +6,6 @@ targets, a full pool's shortfall taken by the other, explained; dry-run writes n
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import time
@@ -69,23 +68,9 @@ spec: {gpusPerNode: 4, maxNodes: 1, gpuHourly: 1.0}
 
 @pytest.fixture
 async def emulator() -> AsyncIterator[kube_emulator.KubeEmulator]:
-    async with kube_emulator.KubeEmulator(
-            clock=time.time, options=kube_emulator.EmulatorOptions(status_writer=True)) as emu:
-        for namespace in (NAMESPACE, "scaler"):
-            emu.ensure_namespace(namespace)
-        for name, count in ((H100, 2), (L40S, 0)):
-            emu.store.create(emu.resource("apps", "deployments"), NAMESPACE,
-                             factories.deployment(name, count))
-        # Pods made and Ready at once: the mix reads them as held.
-        controller = kube_emulator.EmulatorController(
-            emu, kube_emulator.ControllerSettings(interval_s=0.02))
-        task = asyncio.create_task(controller.run())
-        try:
-            yield emu
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    # Pods made and Ready at once: the mix reads them as held.
+    async with factories.cluster({H100: 2, L40S: 0}, namespace=NAMESPACE, pods=True) as emu:
+        yield emu
 
 
 async def _service(nats_url: str, emulator: kube_emulator.KubeEmulator, tmp_path: Path, *,
