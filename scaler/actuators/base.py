@@ -59,9 +59,11 @@ class ClusterReader(Protocol):
 @runtime_checkable
 class PodNamer(Protocol):
     """A cluster reader that names the live pods of a policy's target (those its latest
-    `read` counted as replicas); None when it cannot."""
+    `read` counted as replicas), and the ready ones among them; None when it cannot."""
 
     def pod_names(self, policy: model.ScalePolicy) -> frozenset[str] | None: ...
+
+    def ready_pod_names(self, policy: model.ScalePolicy) -> frozenset[str] | None: ...
 
 
 @runtime_checkable

@@ -123,8 +123,9 @@ class KubeClusterReader:
         # variants has one target per variant, each on its own pool)
         self._posted: dict[str, tuple[str, ...]] = {}
         # target key -> names of the live pods its Scale selector selected at its latest
-        # read (`pod_names`: whose reports are a variant's own)
-        self._target_pods: dict[str, frozenset[str]] = {}
+        # read, and of the ready ones among them (`pod_names`: whose reports are a
+        # variant's own; `ready_pod_names`: which silent pods may hold work)
+        self._target_pods: dict[str, tuple[frozenset[str], frozenset[str]]] = {}
         # namespace (ALL_NAMESPACES when cluster-wide) -> its pod informer and task
         self.pods: dict[str, watch.Informer] = {}
         self._pod_tasks: dict[str, asyncio.Task[None]] = {}
@@ -389,8 +390,15 @@ class KubeClusterReader:
     def pod_names(self, policy: model.ScalePolicy) -> frozenset[str] | None:
         """Names of the live pods the target's Scale selector selected at its latest
         `read` (None before one, or when its Scale shows no selector)."""
-        ref = resources.target_ref(policy, plurals=self.settings.resource_plurals)
-        return self._target_pods.get(ref.key)
+        found = self._target_pods.get(
+            resources.target_ref(policy, plurals=self.settings.resource_plurals).key)
+        return None if found is None else found[0]
+
+    def ready_pod_names(self, policy: model.ScalePolicy) -> frozenset[str] | None:
+        """The ready ones among `pod_names` (None as there)."""
+        found = self._target_pods.get(
+            resources.target_ref(policy, plurals=self.settings.resource_plurals).key)
+        return None if found is None else found[1]
 
     async def read(self, policy: model.ScalePolicy) -> types.ClusterState:
         ref = resources.target_ref(policy, plurals=self.settings.resource_plurals)
@@ -410,7 +418,8 @@ class KubeClusterReader:
             starting = tuple(sorted(p.created_at for p in mine if not p.ready))
             observations = self.observations(ref.namespace, selector)
             sm_active = self.sm_active(p for p in mine if p.ready)
-            self._target_pods[ref.key] = frozenset(p.name for p in mine)
+            self._target_pods[ref.key] = (frozenset(p.name for p in mine),
+                                          frozenset(p.name for p in mine if p.ready))
         else:
             self._target_pods.pop(ref.key, None)
             # A scale subresource without a selector: trust its replica count as ready.

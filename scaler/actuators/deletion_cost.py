@@ -87,12 +87,13 @@ class Change:
     cost: int
 
 
-def changes(pods: Iterable[Mapping[str, Any]], work: Mapping[str, spare.PodWork]
-            ) -> list[Change]:
-    """The active pods whose cost differs from what they carry, biggest change first (then
-    by name, so the order is stable); pods already right are left alone."""
+def changes(pods: Iterable[Mapping[str, Any]], work: Mapping[str, spare.PodWork], *,
+            tier: vocabulary.Tier) -> list[Change]:
+    """The active pods whose cost differs from what they carry (`spare.costs` for `tier`),
+    biggest change first (then by name, so the order is stable); pods already right are
+    left alone."""
     active = {str(p["metadata"]["name"]): p for p in pods if is_active(p)}
-    wanted = spare.costs(active, work)
+    wanted = spare.costs(active, work, tier=tier)
     found = [Change(name, effective_cost(active[name]), cost)
              for name, cost in wanted.items() if cost != effective_cost(active[name])]
     return sorted(found, key=lambda c: (-abs(c.cost - c.before), c.pod))
@@ -153,7 +154,7 @@ class DeletionCoster:
             log.warning("%s: cannot list pods for deletion costs: %s", ref.key, error)
             return Annotated(skipped=f"cannot list pods: {error}")
         pods = listing.get("items") or []
-        todo = changes(pods, self.work(policy))
+        todo = changes(pods, self.work(policy), tier=policy.spec.tier)
         chosen = todo[: self.settings.deletion_cost.max_pods]
         done: set[str] = set()
         limit = asyncio.Semaphore(PATCHES_IN_FLIGHT)
@@ -184,9 +185,11 @@ class DeletionCoster:
 
 
 class BusyReader:
-    """A cluster reader that adds, for batch-tier policies, the replicas reporting
-    unfinished work (`ClusterState.busy_replicas`) to what `inner` reads; the engine then
-    never scales them down unless the model is over its GPU budget (`spare.busy_floor`).
+    """A cluster reader that adds, for batch-tier policies, the replicas that may hold
+    unfinished work (`ClusterState.busy_replicas`, `spare.possibly_busy`: those reporting some,
+    and the silent ready pods when `inner` names them) to what `inner` reads; the engine
+    then never scales them down unless the model is over its GPU budget
+    (`spare.busy_floor`).
 
     `work` gives replicas only (the sources of signal messages, DESIGN 4.2: Prometheus
     and JetStream readings are the model's, no replica's); a publisher that is no pod (a
@@ -202,8 +205,11 @@ class BusyReader:
         state = await self.inner.read(policy)
         if policy.spec.tier is not vocabulary.Tier.BATCH:
             return state
-        return dataclasses.replace(state, busy_replicas=spare.busy_replicas(
-            self.work(policy)))
+        pods = ready = None
+        if isinstance(self.inner, base.PodNamer):
+            pods, ready = self.inner.pod_names(policy), self.inner.ready_pod_names(policy)
+        return dataclasses.replace(state, busy_replicas=spare.possibly_busy(
+            self.work(policy), pods=pods, ready=ready))
 
     def variant_busy(self, policy: model.ScalePolicy, view: model.ScalePolicy) -> int | None:
         """The replicas of one variant of a batch-tier `policy` reporting unfinished work
@@ -212,8 +218,10 @@ class BusyReader:
         A report is the variant's when its source names a live pod of the variant's
         target: the pods its Scale selector selects, the ones the reader counted as that
         variant's replicas. A source naming no such pod (a gateway, a pod of another
-        variant, a pod already gone) keeps nothing. None for other tiers, and when the
-        inner reader cannot name pods.
+        variant, a pod already gone) keeps nothing; a ready pod of the variant that
+        sends none while another of its pods does may be busy, and is kept
+        (`spare.possibly_busy`). None for other tiers, and when the inner reader cannot name
+        pods.
         """
         if policy.spec.tier is not vocabulary.Tier.BATCH or not isinstance(self.inner,
                                                                           base.PodNamer):
@@ -221,5 +229,6 @@ class BusyReader:
         pods = self.inner.pod_names(view)
         if pods is None:
             return None
-        return spare.busy_replicas({name: each for name, each in self.work(policy).items()
-                                    if name in pods})
+        return spare.possibly_busy({name: each for name, each in self.work(policy).items()
+                              if name in pods}, pods=pods,
+                             ready=self.inner.ready_pod_names(view))

@@ -8,6 +8,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from scaler.core import vocabulary
 from scaler.engine import types
 
 INT32_MAX = 2**31 - 1
@@ -51,28 +52,43 @@ def deletion_cost(work: PodWork) -> int:
     return INT32_MAX if total >= INT32_MAX else math.ceil(total)
 
 
-def neutral_cost(reported: Iterable[int]) -> int:
-    """The cost of a pod with no fresh report: the median (lower middle) of the reporting
-    pods' costs, 0 when none reports.
+def silent_cost(reported: Iterable[int], *, tier: vocabulary.Tier) -> int:
+    """The deletion cost of a pod that sends no fresh report, from the costs of the
+    target's pods that do (`reported`, `deletion_cost`: 0 idle, >= 1 any work).
 
-    A pod whose work is unknown is taken for a typical pod: deleted after the pods known to
-    be idler, before those known to be busier. Not 0 while others report, as a pod whose
-    reporter lags may be mid-generation; not the highest, as a broken reporter would then
-    pin its pod forever. With no report at all the cost is Kubernetes' own default for a
-    pod without the annotation (0), so the ReplicaSet controller ranks it as it would
-    without scaler. Example: reported 0, 3, 40 -> a silent pod costs 3.
+    Its work is unknown, so it is never removed before a pod known to be idle: while any
+    pod reports, it costs at least 1, above an idle pod's 0 (at equal cost the ReplicaSet
+    removes the most recently ready first, which may well be the silent one). Beyond that:
+    - online and dev tiers: a typical pod, the median (lower middle) of the reports,
+      removed after the idler pods and before the busier ones; not the highest, or a
+      broken reporter would pin its pod. Reported 0, 40 -> 1 (the median, 0, would tie
+      with the idle pod); 0, 3, 40 -> 3.
+    - batch tier (a replica with unfinished work is never removed unless its budget is
+      exceeded): possibly busy, so a typical busy pod, the median of the busy reports (1
+      when none is busy). The busy floor keeps it as it keeps the busy ones
+      (`possibly_busy`); when a budget cuts below the floor, it goes after the busy pods
+      holding less than the median busy one. Reported 0 (idle), 5 (busy) -> 5: the idle
+      pod goes first and the silent one is kept beside the busy one; 0, 0, 0, 40 -> 40,
+      where an online tier says 1.
+    With no report at all, 0: no pod is known to be idle, and the ReplicaSet ranks them
+    by Kubernetes' default for a pod without the annotation, as it would without scaler.
     """
     costs = sorted(reported)
-    return statistics.median_low(costs) if costs else 0
+    if not costs:
+        return 0
+    if tier is vocabulary.Tier.BATCH:
+        costs = [cost for cost in costs if cost > 0] or [1]
+    return max(1, statistics.median_low(costs))
 
 
-def costs(pods: Iterable[str], work: Mapping[str, PodWork]) -> dict[str, int]:
-    """Each pod's deletion cost: from its own report, or the neutral cost without one.
+def costs(pods: Iterable[str], work: Mapping[str, PodWork], *, tier: vocabulary.Tier
+          ) -> dict[str, int]:
+    """Each pod's deletion cost: from its own report, or `silent_cost` without one.
     Sources that are no pod of the target (a gateway's shared queue) are ignored."""
     names = list(pods)
     reported = {name: deletion_cost(work[name]) for name in names if name in work}
-    neutral = neutral_cost(reported.values())
-    return {name: reported.get(name, neutral) for name in names}
+    silent = silent_cost(reported.values(), tier=tier)
+    return {name: reported.get(name, silent) for name in names}
 
 
 PHASE_RANK = {"Pending": 0, "Unknown": 1, "Running": 2}
@@ -106,6 +122,33 @@ def removal_rank(*, scheduled: bool, phase: str, ready: bool, cost: int,
 def busy_replicas(work: Mapping[str, PodWork]) -> int:
     """How many sources report unfinished work (fresh in_flight > 0 or queue > 0)."""
     return sum(1 for each in work.values() if each.unfinished)
+
+
+def possibly_busy(work: Mapping[str, PodWork], *, pods: frozenset[str] | None,
+                  ready: frozenset[str] | None) -> int:
+    """A batch tier's replicas that may hold unfinished work (`ClusterState.busy_replicas`):
+    the sources in `work` reporting some (`busy_replicas`), plus the target's ready pods
+    (`ready`) that send no report while another of its live pods (`pods`) does.
+
+    A silent pod's reporter may lag, or have died with the generation still running:
+    removing it could cut a job, which a batch tier never does unless over budget, so it
+    counts as busy. Example: pods a (reports nothing in flight), b (5 in flight) and c
+    (silent, ready): 1 + 1 = 2, so a scale-down to 1 is held at 2 and only a goes
+    (`silent_cost` ranks c with b). Not counted:
+    - a pod not ready: it holds no work yet, and the ReplicaSet removes not-ready pods
+      before ready ones whatever their cost, so counting it would only stop a scale-up
+      from being called off;
+    - any pod while none of the target's pods reports (or the reader cannot name them,
+      `pods` None): the model's signals then come from Prometheus or a gateway, no
+      pod's work is known, and counting every pod would stop the model from ever
+      scaling down. The floor is what the reports say, as without this rule; if the pods
+      are the signals' only sources, their silence makes the signals stale, and stale
+      signals hold the replicas anyway (DESIGN 3.5).
+    """
+    busy = busy_replicas(work)
+    if pods is None or ready is None or not any(name in work for name in pods):
+        return busy
+    return busy + sum(1 for name in ready if name not in work)
 
 
 def busy_floor(cluster: types.ClusterState) -> int:

@@ -251,6 +251,14 @@ def _variants_status() -> Schema:
                                      "description": "Its replicas existing but not ready."},
                 "scaledBy": {"type": "string", "description": "The HPA or ScaledObject that "
                              "scales its target (the scaler does not patch it)."},
+                "gpuHours": {"type": "number", "description": "Allocated GPU-hours of its "
+                             "replicas (ready and starting, at its gpusPerReplica) since the "
+                             "leader started, at the last decision: its "
+                             "scaler_variant_gpu_hours_total. A new leader counts from 0."},
+                "cost": {"type": "number", "description": "Their cost at its GPU-hour price, "
+                         "in the policy's currency: its scaler_variant_cost_total."},
+                "idleCost": {"type": "number", "description": "The cost of their idle part: "
+                             "its scaler_variant_idle_cost_total."},
             },
         },
     }

@@ -41,8 +41,10 @@ class Arbiter:
         self._grants: dict[str, engine_fleet.Grant] = {}
         self._variants: dict[str, engine_variants.VariantModel] = {}
         self._mixes: dict[str, engine_variants.Mix] = {}
-        # model -> variant -> its HPA, for the models whose targets' owners were checked
+        # model -> variant -> its HPA, for the models whose targets' owners were checked,
+        # and when every variant's owner was last checked (`service.variants.pending`)
         self._owners: dict[str, dict[str, str]] = {}
+        self._owners_checked: dict[str, float] = {}
         self.arbitrations = 0
 
     @property
@@ -61,6 +63,7 @@ class Arbiter:
         self._variants = {key: v for key, v in self._variants.items() if key in keys}
         self._mixes = {key: m for key, m in self._mixes.items() if key in keys}
         self._owners = {key: o for key, o in self._owners.items() if key in keys}
+        self._owners_checked = {k: at for k, at in self._owners_checked.items() if k in keys}
 
     def capped(self, policy: model.ScalePolicy, cluster: types.ClusterState, *, now: float
                ) -> types.ClusterState:
@@ -127,10 +130,15 @@ class Arbiter:
         self._variants[policy.key] = item
         return changed
 
-    def record_owners(self, key: str, owners: Mapping[str, str]) -> bool:
+    def record_owners(self, key: str, owners: Mapping[str, str], *,
+                      checked_at: float | None = None) -> bool:
         """The variants of model `key` whose targets an HPA or ScaledObject scales, by
         variant name (as the last write of its mix found them); True when that changed
-        (re-arbitrate: those variants are mixed at what they hold)."""
+        (re-arbitrate: those variants are mixed at what they hold). `checked_at`: the
+        wall time that write checked every variant's owner (None: some went unchecked,
+        and the time of the last full check stays)."""
+        if checked_at is not None:
+            self._owners_checked[key] = checked_at
         found = dict(owners)
         changed = (self._owners.get(key) or {}) != found
         self._owners[key] = found
@@ -140,6 +148,11 @@ class Arbiter:
         """Variant name -> the HPA or ScaledObject that scales its target, for model
         `key`; None before any write of its mix checked them."""
         return self._owners.get(key)
+
+    def owners_checked_at(self, key: str) -> float | None:
+        """When a write of model `key`'s mix last checked every variant's owner (None:
+        never)."""
+        return self._owners_checked.get(key)
 
     def _mixed(self, item: engine_variants.VariantModel) -> engine_variants.VariantModel:
         """The model as `settle` mixes it: each variant an HPA owns kept at what it holds

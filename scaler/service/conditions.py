@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scaler.actuators import timefmt
+from scaler.engine import cost as engine_cost
 from scaler.engine import types
 from scaler.policy import crd, loader, model
 from scaler.service import state
@@ -173,12 +174,13 @@ def _as_list(previous: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]
 
 def status(policy: model.ScalePolicy | None, observation: state.Observation | None, *,
            problems: Sequence[loader.PolicyError], previous: Mapping[str, Any] | None,
-           generation: int | None, now: float, last_scale_at: float | None = None
-           ) -> Status:
+           generation: int | None, now: float, last_scale_at: float | None = None,
+           variant_costs: Mapping[str, engine_cost.Cost] | None = None) -> Status:
     """The status to write. lastTransitionTime moves only when a condition's status does
     (a new reason or message keeps it, as the HPA's setCondition); lastScaleTime moves when
     a decision asks for another count (`last_scale_at`, the newest such decision, else
-    the observed one if it did)."""
+    the observed one if it did). `variant_costs`: each variant's cost so far
+    (`ModelStatus.variant_costs`), for status.variants."""
     before = _as_list(previous)
     conditions = []
     for condition in evaluate(policy, observation, problems=problems):
@@ -210,14 +212,19 @@ def status(policy: model.ScalePolicy | None, observation: state.Observation | No
             if winner is not None and winner.value is not None:
                 out["winner"]["value"] = round(winner.value, 6)
         if observation.variants:
-            out["variants"] = variants_status(observation.variants)
+            out["variants"] = variants_status(observation.variants, costs=variant_costs)
     out["conditions"] = conditions
     return out
 
 
-def variants_status(rows: Sequence[state.VariantObservation]) -> list[dict[str, Any]]:
+def variants_status(rows: Sequence[state.VariantObservation], *,
+                    costs: Mapping[str, engine_cost.Cost] | None = None
+                    ) -> list[dict[str, Any]]:
     """status.variants: each variant's replicas as the CRD's schema names them (no
-    desiredReplicas before the fleet's first mix; scaledBy when an HPA owns it)."""
+    desiredReplicas before the fleet's first mix; scaledBy when an HPA owns it), and with
+    `costs` (by variant name, `ModelStatus.variant_costs`) its GPU-hours, cost and idle
+    cost so far: its scaler_variant_*_total counters at the last evaluation, rounded to
+    1e-6 (3.6 GPU-milliseconds) so the status does not carry float noise."""
     out = []
     for row in rows:
         item: dict[str, Any] = {"name": row.name, "target": row.target, "pool": row.pool}
@@ -227,6 +234,10 @@ def variants_status(rows: Sequence[state.VariantObservation]) -> list[dict[str, 
                     startingReplicas=row.starting)
         if row.owner is not None:
             item["scaledBy"] = row.owner
+        if costs is not None:
+            spent = costs.get(row.name) or engine_cost.Cost()
+            item.update(gpuHours=round(spent.allocated_gpu_hours, 6),
+                        cost=round(spent.cost, 6), idleCost=round(spent.idle_cost, 6))
         out.append(item)
     return out
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from scaler.actuators import base as actuators
 from scaler.actuators import timefmt
+from scaler.engine import cost as engine_cost
 from scaler.engine import types as engine_types
 from scaler.service import conditions
 from scaler.service import history as decision_history
@@ -66,8 +67,20 @@ def decision_document(
         "conditions": conditions.view(status.policy, observation),
     }
     if observation.variants:
-        document["variants"] = [dataclasses.asdict(row) for row in observation.variants]
+        document["variants"] = [_variant_row(row, status.variant_costs.get(row.name))
+                                for row in observation.variants]
     return dict(_json_safe(document))
+
+
+def _variant_row(row: service_state.VariantObservation, spent: engine_cost.Cost | None
+                 ) -> dict[str, Any]:
+    """A variant as the evaluation read it, and what it has cost since this instance
+    started, under the cost vocabulary's names (DESIGN 1, the simulator's JSON): what its
+    scaler_variant_gpu_hours_total, _cost_total and _idle_cost_total counters held at the
+    evaluation's time (`state.accrue_variants`; 0 before the second evaluation accrues)."""
+    spent = spent or engine_cost.Cost()
+    return {**dataclasses.asdict(row), "gpu_hours": spent.allocated_gpu_hours,
+            "cost": spent.cost, "idle_cost": spent.idle_cost}
 
 
 def _number(value: float | None, unit: str = "") -> str:
@@ -139,8 +152,17 @@ def in_words(decision: Mapping[str, Any]) -> str:
     return f"{verb}: {', '.join(reasons)}."
 
 
+def _variant_cost(row: Mapping[str, Any]) -> str:
+    """'; since start 4 GPU-hours, cost 8, idle cost 0.4' (empty from a server that
+    predates the fields): in the policy's currency, as /metrics counts them."""
+    if any(row.get(field) is None for field in ("gpu_hours", "cost", "idle_cost")):
+        return ""
+    return (f"; since start {_number(row['gpu_hours'])} GPU-hours, cost "
+            f"{_number(row['cost'])}, idle cost {_number(row['idle_cost'])}")
+
+
 def _variant_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """Each variant's replicas, and a warning per variant an HPA scales instead."""
+    """Each variant's replicas and cost, and a warning per variant an HPA scales instead."""
     if not rows:
         return []
     lines = ["Variants (the cluster line above is their capacity-equivalent sum):"]
@@ -150,7 +172,7 @@ def _variant_lines(rows: list[dict[str, Any]]) -> list[str]:
                   else f"{row['desired']} desired")
         lines.append(f"  - {row['name']} ({row['target']}, pool {row['pool']}): {wanted}, "
                      f"{row['current']} asked for, {row['ready']} ready, "
-                     f"{row['starting']} starting")
+                     f"{row['starting']} starting{_variant_cost(row)}")
         if row.get("owner"):
             warnings.append(
                 f"Warning: variant {row['name']} ({row['target']}) is scaled by "

@@ -286,11 +286,14 @@ class Reactor:
         owners = self.arbiter.owners(key)
         items = service_variants.parts(reading, targets, mix=mix, decision=decision, note=note,
                                        owners=owners)
-        if not service_variants.pending(items, owners=owners):
+        now = self.wall_clock()  # owners are re-checked once per OWNER_RECHECK_S
+        if not service_variants.pending(items, owners=owners, now=now,
+                                        checked_at=self.arbiter.owners_checked_at(key)):
             return decision, actuators.Outcome.UNCHANGED, "every variant already at the mix"
         outcomes = await service_variants.apply(self.actuator, items)
         if self.arbiter.record_owners(key, service_variants.owners_after(
-                policy, outcomes, before=owners)):
+                policy, outcomes, before=owners), checked_at=now if
+                service_variants.every_owner_checked(policy, outcomes) else None):
             self._fleet.poke("fleet")  # an HPA's variant is mixed at what it holds
         applied = service_variants.combined(outcomes)
         if applied.partial:

@@ -405,7 +405,8 @@ class Service:
                     policy, status.last if status is not None else None, problems=problems,
                     previous=previous, generation=meta.get("generation"),
                     now=self.wall_clock(),
-                    last_scale_at=status.last_scale_at if status is not None else None)
+                    last_scale_at=status.last_scale_at if status is not None else None,
+                    variant_costs=status.variant_costs if status is not None else None)
                 await writer.write(namespace=str(meta.get("namespace")),
                                    name=str(meta.get("name")), status=body,
                                    uid=meta.get("uid"), notes=conditions.notes(previous, body))

@@ -11,9 +11,12 @@ and writes the last arbitration's mix to every variant's target as one change (`
 
 A variant whose target an HPA or KEDA ScaledObject scales is never patched: the write of
 a mix finds its owner (`owners_after`), the arbiter then mixes it at what it holds, and
-its part asks no change of it. Each evaluation's variants are kept as
-`state.VariantObservation`s (`observed`: status.variants, /metrics, `scaler explain`),
-and each variant's replicas are planned on its own pool's nodes (`pool_members`).
+its part asks no change of it. A mix that changes no count is still written (every part
+unchanged: its owners checked, nothing patched) once per `OWNER_RECHECK_S`, so an HPA
+created since the last write is found without a count change (`pending`). Each
+evaluation's variants are kept as `state.VariantObservation`s (`observed`:
+status.variants, /metrics, `scaler explain`), and each variant's replicas are planned on
+its own pool's nodes (`pool_members`).
 """
 
 from __future__ import annotations
@@ -134,13 +137,42 @@ def parts(reading: Reading, targets: Sequence[model.ScalePolicy], *,
                                             reading.states, strict=True)]
 
 
-def pending(items: Sequence[Part], *, owners: Mapping[str, str] | None) -> bool:
-    """Whether any variant's target is not at its count in the mix, or the targets'
-    owners were never checked (`owners` None), or an HPA is known to own one: the write
-    then checks again whether it still does (a team may remove its HPA, and the variant
-    is then mixed and patched as the others). An HPA added later is found by the next
-    write that changes a count, which then writes nothing (`apply_all`)."""
-    return owners is None or bool(owners) or any(decision.changed for _, decision in items)
+OWNER_RECHECK_S = 15.0
+"""Seconds after which a mix that changes no count is written anyway, to check its
+targets' owners again (`pending`). 15 s is the HPA controller's sync period
+(--horizontal-pod-autoscaler-sync-period): an HPA created on a variant's target first
+sets its replicas within about 15 s, so the scaler finds it within about the time the HPA
+takes to act, and the two fight over the count for about one sync at most. Each re-check
+reads the variant's Scale once (`KubeReplicaActuator._check`) and the namespace's HPAs
+and ScaledObjects at most once per kube.ownership_ttl_s (30 s by default: the find then
+takes up to 15 + 30 s); the cluster reader already reads every Scale each evaluation
+(every 5 s at least), so this adds at most a third to those reads, not a call per
+evaluation per variant."""
+
+
+def pending(items: Sequence[Part], *, owners: Mapping[str, str] | None,
+            checked_at: float | None, now: float) -> bool:
+    """Whether the mix is to be written: a variant's target is not at its count in the
+    mix; or the targets' owners were never checked (`owners` None); or an HPA is known to
+    own one (the write checks whether it still does: a team may remove its HPA, and the
+    variant is then mixed and patched as the others); or every owner was last checked
+    (`checked_at`, wall seconds, `Arbiter.owners_checked_at`) `OWNER_RECHECK_S` or more
+    before `now` (or never): a write that changes nothing checks them, so an HPA added
+    since is found without a count change, and writes nothing (`apply_all`). Example: a
+    mix held at h100 2, l40s 4, owners checked at t = 100 s: not pending at 110 s, pending
+    at 115 s."""
+    if owners is None or owners or any(decision.changed for _, decision in items):
+        return True
+    # A wall clock set back (now before the check) re-checks too, rather than waiting.
+    return checked_at is None or not 0.0 <= now - checked_at < OWNER_RECHECK_S
+
+
+def every_owner_checked(policy: model.ScalePolicy,
+                        outcomes: Sequence[actuators.ApplyOutcome]) -> bool:
+    """Whether a write of the mix checked every variant's owner: each outcome found one
+    or read the Scale past the check (`owners_after`), and none stopped early."""
+    return len(outcomes) == len(policy.spec.variants) and all(
+        outcome.owner is not None or outcome.previous is not None for outcome in outcomes)
 
 
 def _left_to_owner(outcome: actuators.ApplyOutcome, decision: types.Decision) -> bool:

@@ -293,6 +293,12 @@ async def test_every_request_is_granted_and_pods_patch_only_when_enabled(
                             rbac.Attributes(kube.namespace, "", "pods", "patch"))
 
 
+def batch_policy(namespace: str, target: str) -> model.ScalePolicy:
+    online = make_policy(namespace, target)
+    return online.model_copy(update={"spec": online.spec.model_copy(
+        update={"tier": vocabulary.Tier.BATCH})})
+
+
 class StaticReader:
     """A cluster reader at the seam: the same state for every policy."""
 
@@ -303,12 +309,76 @@ class StaticReader:
 async def test_batch_tiers_get_the_busy_count_and_other_tiers_none() -> None:
     work = {"a": Work(in_flight=2), "b": Work(queue_depth=1), "c": Work()}
     reader = deletion_cost.BusyReader(StaticReader(), work=lambda _: work)
-    online = make_policy("ns", "m")
-    batch = online.model_copy(update={"spec": online.spec.model_copy(
-        update={"tier": vocabulary.Tier.BATCH})})
+    online, batch = make_policy("ns", "m"), batch_policy("ns", "m")
     assert (await reader.read(online)).busy_replicas is None
     assert (await reader.read(batch)) == types.ClusterState(current=5, ready=5,
                                                             busy_replicas=2)
+
+
+async def test_a_silent_pod_of_a_batch_tier_is_possibly_busy_and_goes_after_the_idle_one(
+        kube: KubeTestEnv, wall_clock: ManualClock) -> None:
+    controller = controller_for(kube)
+    await kube.create_deployment("jobs", replicas=3)
+    await ready_pods(kube, "jobs", 3, controller)
+    # At equal cost the ReplicaSet would remove the silent pod first, then the idle one.
+    silent, idle, busy = [p["metadata"]["name"] for p in sorted(
+        (await active_pods(kube, "jobs")).values(), key=emulator_controller.deletion_rank)]
+    work = {idle: Work(), busy: Work(in_flight=5), "gateway": Work(queue_depth=0)}
+    policy = batch_policy(kube.namespace, "jobs")
+    settings = kube.settings.model_copy(update={"watch_namespaces": (kube.namespace,)})
+    reader = cluster_reader.KubeClusterReader(kube.api, settings=settings,
+                                              wall_clock=wall_clock)
+    await reader.start()
+    try:
+        busy_reader = deletion_cost.BusyReader(reader, work=lambda _: work)
+        # The busy pod and the silent one may hold work: the floor keeps 2 of the 3.
+        state = await busy_reader.read(policy)
+        assert (state.ready, state.busy_replicas, spare.busy_floor(state)) == (3, 2, 2)
+
+        api = recording(kube)
+        act, _ = actuator(kube, wall_clock, api, work)
+        assert (await act.apply(policy, make_decision(policy.key, current=3,
+                                                      desired=2))).written
+        # Ranked as the busy one (5), above the idle one's 0 (absent: not written).
+        pods = await active_pods(kube, "jobs")
+        assert {name: cost_of(pod) for name, pod in pods.items()} == {
+            silent: "5", idle: None, busy: "5"}
+        if controller is not None:
+            controller.reconcile()
+        async with asyncio.timeout(60):
+            while len(remaining := await active_pods(kube, "jobs")) != 2:
+                await asyncio.sleep(0.01 if controller is not None else 0.5)
+        assert sorted(remaining) == sorted((silent, busy))  # the idle one went
+
+        async with asyncio.timeout(60):
+            while (state := await busy_reader.read(policy)).ready != 2:
+                await asyncio.sleep(0.01 if controller is not None else 0.5)
+        assert spare.busy_floor(state) == 2  # a scale-down to 1 is held: nothing idle left
+    finally:
+        await reader.stop()
+
+
+@pytest.mark.parametrize(("tier", "reported", "cost"), [
+    (vocabulary.Tier.ONLINE, [], 0), (vocabulary.Tier.BATCH, [], 0),  # nobody reports
+    (vocabulary.Tier.ONLINE, [0, 40], 1),  # the median 0 would tie with the idle pod
+    (vocabulary.Tier.ONLINE, [0, 3, 40], 3), (vocabulary.Tier.ONLINE, [0, 0], 1),
+    (vocabulary.Tier.DEV, [7, 9], 7),
+    (vocabulary.Tier.BATCH, [0, 5], 5), (vocabulary.Tier.BATCH, [0, 0, 0, 40], 40),
+    (vocabulary.Tier.BATCH, [0, 0], 1), (vocabulary.Tier.BATCH, [2, 9, 30], 9)])
+def test_a_silent_pod_never_goes_before_an_idle_one_and_ranks_busy_in_a_batch_tier(
+        tier: vocabulary.Tier, reported: list[int], cost: int) -> None:
+    assert spare.silent_cost(reported, tier=tier) == cost
+
+
+def test_silent_ready_pods_count_as_busy_only_beside_reporting_ones() -> None:
+    pods = frozenset({"a", "b", "c", "d"})
+    ready = frozenset({"a", "b", "c"})  # d is starting
+    work = {"a": Work(), "b": Work(in_flight=5)}
+    assert spare.possibly_busy(work, pods=pods, ready=ready) == 2  # b, and silent c
+    # No pod of the target reports (a gateway's queue only): no pod's work is known.
+    gateway = {"gateway": Work(queue_depth=3)}
+    assert spare.possibly_busy(gateway, pods=pods, ready=ready) == 1
+    assert spare.possibly_busy(work, pods=None, ready=None) == 1  # pods unnamed
 
 
 @pytest.mark.parametrize(("value", "cost"), [

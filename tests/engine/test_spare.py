@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from scaler.core import vocabulary
 from scaler.engine import spare, types
 
 from .helpers import Sim, policy, snap
@@ -32,14 +33,16 @@ def test_work_by_source_joins_the_two_signals() -> None:
         "a": Work(3, 0), "b": Work(0, 2), "c": Work(0, 1)}
 
 
-def test_a_silent_pod_costs_the_median_of_the_reporting_ones() -> None:
+def test_a_silent_pod_costs_the_median_of_the_reporting_ones_online() -> None:
     work = {"idle": Work(), "mid": Work(in_flight=3), "busy": Work(in_flight=40),
             "gateway": Work(queue_depth=500)}  # not a pod of the target: ignored
-    assert spare.costs(["idle", "mid", "busy", "silent"], work) == {
+    pods = ["idle", "mid", "busy", "silent"]
+    assert spare.costs(pods, work, tier=vocabulary.Tier.ONLINE) == {
         "idle": 0, "mid": 3, "busy": 40, "silent": 3}
-    # Lower middle of an even count; no report at all: Kubernetes' own default, 0.
-    assert spare.neutral_cost([0, 2, 8, 9]) == 2
-    assert spare.costs(["a", "b"], {}) == {"a": 0, "b": 0}
+    # In a batch tier it may be busy: the median of the busy ones (3, 40 -> 3).
+    assert spare.costs(pods, work, tier=vocabulary.Tier.BATCH)["silent"] == 3
+    # No report at all: Kubernetes' own default, 0.
+    assert spare.costs(["a", "b"], {}, tier=vocabulary.Tier.ONLINE) == {"a": 0, "b": 0}
 
 
 def test_busy_replicas_count_sources_with_unfinished_work() -> None:

@@ -12,7 +12,7 @@ from scaler.engine import types
 from scaler.policy import fleet as policy_fleet
 from scaler.policy import loader, model
 from scaler.service import arbiter as fleet_arbiter
-from scaler.service import conditions
+from scaler.service import conditions, explain
 from scaler.service import state as service_state
 from scaler.service import variants as service_variants
 
@@ -255,3 +255,75 @@ def test_each_variant_accrues_its_own_gpus_at_its_own_price() -> None:
         "h100": (4.0, 8.0), "l40s": (4.0, 4.0)}
     total = service_state.accrue(engine_cost.Cost(), policy=chat, since=status.last, until=hour)
     assert (total.allocated_gpu_hours, total.cost) == (8.0, 12.0)
+
+
+def test_each_variant_s_cost_is_in_explain_and_status_as_its_counters_hold_it() -> None:
+    chat = _chat()
+    registry = factories.loaded_state(chat)
+    h100 = dataclasses.replace(_row("h100", "h100", 2), gpus_per_replica=2, gpu_hourly=2.0)
+    rows = (h100, dataclasses.replace(_row("l40s", "l40s", 4), gpu_hourly=1.0))
+    # 50 in flight on the 2 x 30 + 4 x 10 = 100 the ready replicas serve: half busy.
+    in_flight = types.SignalValue.assess(50.0, age_s=0.5, stale_after_s=30.0)
+    first = service_state.Observation(
+        decision=_decision(chat.key, desired=10), snapshot=types.SignalSnapshot(
+            in_flight=in_flight), cluster=types.ClusterState(current=10, ready=10),
+        at=factories.NOW, variants=rows)
+    registry.record(chat.key, first)
+    # One hour later: 2 x 2 and 4 x 1 GPU-hours, costing 8.0 and 4.0, half of it idle.
+    registry.record(chat.key, dataclasses.replace(first, at=factories.NOW + 3600.0))
+    status = registry.status(chat.key)
+    assert status is not None and status.last is not None
+    counted = {name: (c.allocated_gpu_hours, c.cost, c.idle_cost)
+               for name, c in status.variant_costs.items()}  # what /metrics reads
+    assert counted == {"h100": (4.0, 8.0, 4.0), "l40s": (4.0, 4.0, 2.0)}
+
+    document = explain.decision_document(status, status.last)
+    assert [(r["name"], r["gpu_hours"], r["cost"], r["idle_cost"])
+            for r in document["variants"]] == [("h100", 4.0, 8.0, 4.0),
+                                               ("l40s", 4.0, 4.0, 2.0)]
+    text = explain.describe(document)
+    assert ("  - h100 (chat-h100, pool h100): 2 desired, 2 asked for, 2 ready, 0 starting; "
+            "since start 4 GPU-hours, cost 8, idle cost 4") in text
+    assert "  - l40s (chat-l40s, pool l40s): 4 desired, 4 asked for, 4 ready, 0 starting; " \
+           "since start 4 GPU-hours, cost 4, idle cost 2" in text
+
+    body = conditions.status(chat, status.last, problems=(), previous=None, generation=1,
+                             now=factories.NOW, variant_costs=status.variant_costs)
+    assert [(r["name"], r["gpuHours"], r["cost"], r["idleCost"]) for r in body["variants"]] == [
+        ("h100", 4.0, 8.0, 4.0), ("l40s", 4.0, 4.0, 2.0)]
+    # Before any accrual (the first evaluation), every variant has cost 0 so far.
+    fresh = factories.loaded_state(chat)
+    fresh.record(chat.key, first)
+    early = fresh.status(chat.key)
+    assert early is not None and early.last is not None
+    assert {(r["gpu_hours"], r["cost"], r["idle_cost"]) for r in
+            explain.decision_document(early, early.last)["variants"]} == {(0.0, 0.0, 0.0)}
+
+
+def test_an_unchanged_mix_is_written_once_per_recheck_interval_to_check_its_owners() -> None:
+    chat = _chat()
+    held = _decision(chat.key, desired=2)
+    items = [(view, held) for view in service_variants.views(chat, pools={})]
+    interval = service_variants.OWNER_RECHECK_S
+    checked = factories.NOW
+
+    def pending(owners: dict[str, str] | None, *, after_s: float,
+                at: float | None = checked) -> bool:
+        return service_variants.pending(items, owners=owners, checked_at=at,
+                                        now=checked + after_s)
+
+    assert not pending({}, after_s=interval - 0.5)  # checked, none owned, no count changed
+    assert pending({}, after_s=interval)  # time to check again
+    assert pending({}, after_s=-60.0)  # the wall clock was set back past the check
+    assert pending({}, after_s=0.0, at=None)  # never fully checked
+    assert pending(None, after_s=0.0)  # owners never read
+    assert pending({"h100": OWNER}, after_s=0.0)  # an owner known: whether it is still
+    changed = [(view, dataclasses.replace(held, desired=3)) for view, _ in items]
+    assert service_variants.pending(changed, owners={}, checked_at=checked, now=checked)
+    # A full check is one outcome per variant, each past the ownership check.
+    skipped = _outcome(actuators.Outcome.SKIPPED_HPA_OWNED, previous=None, owner=OWNER)
+    unchanged = _outcome(actuators.Outcome.UNCHANGED, previous=2)
+    failed = _outcome(actuators.Outcome.FAILED, previous=None)
+    assert service_variants.every_owner_checked(chat, [skipped, unchanged])
+    assert not service_variants.every_owner_checked(chat, [unchanged])  # stopped early
+    assert not service_variants.every_owner_checked(chat, [unchanged, failed])

@@ -242,11 +242,18 @@ async def test_each_variant_in_status_metrics_explain_and_its_own_pool(
                 "readyReplicas": desired, "startingReplicas": 0}
 
     want = [row("h100", desired=2, pool=world.h100), row("l40s", desired=4, pool=world.l40s)]
+    spent = ("gpuHours", "cost", "idleCost")
 
     async def status_settled() -> bool:
-        return (await world.status()).get("variants") == want
-    await until(status_settled, what="status.variants: every replica ready")
+        rows = (await world.status()).get("variants") or []
+        return ([{k: v for k, v in r.items() if k not in spent} for r in rows] == want
+                and all(r.get("gpuHours", 0) > 0 for r in rows))
+    await until(status_settled, what="status.variants: every replica ready, GPU time accrued")
     status = await world.status()
+    # Each variant's cost so far at its own pool's price (2.0 and 1.0 per GPU-hour).
+    for item, price in zip(status["variants"], (2.0, 1.0), strict=True):
+        assert item["cost"] == pytest.approx(price * item["gpuHours"], rel=1e-3, abs=1e-6)
+        assert 0 <= item["idleCost"] <= item["cost"]
     # The model-level counts stay in yardstick replicas: 2 x 3 + 4 x 1 = 10.
     assert (status["currentReplicas"], status["desiredReplicas"]) == (10, 10)
     scaled = await world.condition(crd.ConditionType.VARIANTS_SCALED)
@@ -260,7 +267,8 @@ async def test_each_variant_in_status_metrics_explain_and_its_own_pool(
         assert found[("scaler_variant_hpa_owned", name)] == 0
 
     out = await explain(world, capsys)
-    assert f"  - h100 (chat-h100, pool {world.h100}): 2 desired, 2 asked for, 2 ready" in out
+    assert f"  - h100 (chat-h100, pool {world.h100}): 2 desired, 2 asked for, 2 ready, " \
+           "0 starting; since start " in out
     assert f"  - l40s (chat-l40s, pool {world.l40s}): 4 desired, 4 asked for, 4 ready" in out
     assert "Note: variant h100: 2, l40s: 4; cheapest mix meeting the demand of 100" in out
 

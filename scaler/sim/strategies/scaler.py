@@ -86,13 +86,14 @@ class ScalerStrategy:
                  prefix: str = "") -> None:
         """Before a scale-down (desired below spec.replicas), write every replica's
         deletion cost from its reported work (`spare.costs`: a pod without a fresh report
-        gets the median of the others'), as the service's DeletionCoster does; the
-        ReplicaSet's order in `scale_to` then removes the idlest first. `prefix` names a
-        variant's sources ('<variant>/')."""
+        never ranks below an idle one, and in a batch tier ranks as a busy one), as the
+        service's DeletionCoster does; the ReplicaSet's order in `scale_to` then removes
+        the idlest first. `prefix` names a variant's sources ('<variant>/')."""
         if not self.deletion_cost or desired >= cluster.spec_replicas:
             return
         pods = {f"{prefix}pod-{p.slot}": p for p in cluster.replicas()}
-        for name, cost in engine_spare.costs(pods, self.work(now=now)).items():
+        for name, cost in engine_spare.costs(pods, self.work(now=now),
+                                             tier=self.policy.spec.tier).items():
             pods[name].deletion_cost = cost
 
     def decide(self, cluster: sim_cluster.SimCluster, *, now: float) -> int:
