@@ -418,13 +418,15 @@ class KubeClusterReader:
             starting = tuple(sorted(p.created_at for p in mine if not p.ready))
             observations = self.observations(ref.namespace, selector)
             sm_active = self.sm_active(p for p in mine if p.ready)
+            grace = min((p.grace_period_s for p in mine if p.grace_period_s is not None),
+                        default=None)
             self._target_pods[ref.key] = (frozenset(p.name for p in mine),
                                           frozenset(p.name for p in mine if p.ready))
         else:
             self._target_pods.pop(ref.key, None)
             # A scale subresource without a selector: trust its replica count as ready.
             ready = int((scale.get("status") or {}).get("replicas") or 0)
-            starting, observations, sm_active = (), (), None
+            starting, observations, sm_active, grace = (), (), None, None
         free_slots = None
         reading = PoolReading(capacity=None)
         pool = policy.spec.node_pool
@@ -441,4 +443,5 @@ class KubeClusterReader:
         return types.ClusterState(current=current, ready=ready, starting=starting,
                                   free_replica_slots=free_slots, observations=observations,
                                   excluded_gpus=reading.excluded_gpus,
-                                  capacity_notes=reading.notes, gpu_sm_active=sm_active)
+                                  capacity_notes=reading.notes, gpu_sm_active=sm_active,
+                                  grace_period_s=grace)

@@ -250,6 +250,9 @@ class KubeReplicaActuator:
         await self.recorder.record(
             ref, reason="ScaledUp" if decision.desired > current else "ScaledDown",
             message=decision.summary)
+        if decision.cut_warning is not None and decision.desired < current:
+            await self.recorder.record(ref, reason="ScaleDownCutsAnswers", warning=True,
+                                       message=decision.cut_warning)
         return checked.outcome(base.Outcome.APPLIED, decision.summary + spared)
 
     async def apply(self, policy: model.ScalePolicy, decision: types.Decision

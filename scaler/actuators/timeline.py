@@ -78,6 +78,9 @@ class PodTimeline:
     terminating: bool
     finished: bool
     requests: dict[str, int] = field(default_factory=dict)
+    # spec.terminationGracePeriodSeconds (the API server defaults it to 30); None when
+    # absent or not a whole number of seconds >= 0
+    grace_period_s: float | None = None
 
     @property
     def placeholder(self) -> bool:
@@ -112,7 +115,15 @@ def pod_timeline(pod: Obj) -> PodTimeline:
         terminating=bool(meta.get("deletionTimestamp")),
         finished=status.get("phase") in ("Succeeded", "Failed"),
         requests=extended_requests(pod),
+        grace_period_s=_grace_period(pod),
     )
+
+
+def _grace_period(pod: Obj) -> float | None:
+    value = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return float(value)
 
 
 def cold_start(timeline: PodTimeline, *, node_created_at: float | None

@@ -57,6 +57,8 @@ def decide(
         held=bool(draft.stale),
         notes=tuple(draft.notes),
         steps=tuple(draft.steps),
+        cut_warning=spare.cut_warning(snapshot=draft.snapshot, cluster=cluster,
+                                      desired=draft.count()),
     )
     return decision, _remember(draft, decision)
 

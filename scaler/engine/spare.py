@@ -91,6 +91,44 @@ def costs(pods: Iterable[str], work: Mapping[str, PodWork], *, tier: vocabulary.
     return {name: reported.get(name, silent) for name in names}
 
 
+def answer_seconds(snapshot: types.SignalSnapshot) -> float | None:
+    """How long a request stays running at its replica on average, by Little's law:
+    requests running / requests finished per second (fresh readings only; None without
+    both or with nothing finishing). Example: 400 running while 4 finish a second: 100 s,
+    a reasoning model's 4,000-token answers at ~25 ms a token."""
+    running, finished = snapshot.in_flight, snapshot.completion_rate
+    if (running is None or not running.fresh or finished is None or not finished.fresh
+            or not finished.value > 0 or not running.value > 0):
+        return None
+    seconds = running.value / finished.value
+    return seconds if math.isfinite(seconds) else None
+
+
+def cut_warning(*, snapshot: types.SignalSnapshot, cluster: types.ClusterState,
+                desired: int) -> str | None:
+    """Why a scale-down to `desired` kills answers still running, or None.
+
+    A removed pod gets its terminationGracePeriodSeconds to finish (a server that drains
+    on SIGTERM serves what it holds, then is killed): answers that need longer are cut,
+    their GPU time wasted and their users served an error. Deletion costs pick the idlest
+    replicas, but under a steady load every replica runs some. When answers last longer
+    on average (`answer_seconds`) than the pods' grace period, most of what a removed
+    replica runs is cut. Example: 100 s answers against Kubernetes' default 30 s. The
+    remedy is the Deployment's, not the count's: a grace period above the answers' time.
+    """
+    grace = cluster.grace_period_s
+    if desired >= cluster.current or grace is None:
+        return None
+    seconds = answer_seconds(snapshot)
+    if seconds is None or seconds <= grace:
+        return None
+    return (f"answers run {seconds:.0f} s at a replica on average (running / finished per "
+            f"second), longer than the pods' terminationGracePeriodSeconds of {grace:g} s: "
+            "a replica removed by this scale-down is killed with the answers it still "
+            "runs. Set the Deployment's grace period above the answers' time, with a "
+            "server that drains on SIGTERM")
+
+
 PHASE_RANK = {"Pending": 0, "Unknown": 1, "Running": 2}
 """A pod's phase as the ReplicaSet controller ranks it for removal (an unknown phase
 ranks as Pending)."""

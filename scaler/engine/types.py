@@ -175,6 +175,9 @@ class ClusterState:
     gpu_sm_active: mean DCGM SM-active ratio (0..1) of the model's ready pods' GPUs, the
       useful share of their GPU time; None = no DCGM reading (the replicas' busy ratio
       stands in).
+    grace_period_s: the shortest terminationGracePeriodSeconds of the target's live pods:
+      how long a removed replica may finish what it runs before it is killed (None =
+      unknown). Only for the explanation of a scale-down (`spare.cut_warning`).
     """
 
     current: int
@@ -188,6 +191,7 @@ class ClusterState:
     excluded_gpus: int = 0
     capacity_notes: tuple[str, ...] = ()
     gpu_sm_active: float | None = None
+    grace_period_s: float | None = None
 
     def with_budget(self, budget_gpus: int, reason: str) -> ClusterState:
         """This state under an external cap of `budget_gpus` GPUs, said why (the fleet's
@@ -488,6 +492,7 @@ class Decision:
     held: bool = False
     notes: tuple[str, ...] = field(default=())
     steps: tuple[Step, ...] = field(default=())
+    cut_warning: str | None = None  # a scale-down that kills answers in flight: why
 
     @property
     def changed(self) -> bool:

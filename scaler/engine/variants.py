@@ -382,4 +382,6 @@ def equivalent_state(states: Sequence[types.ClusterState], *, weights: Sequence[
         observations=tuple(o for s in states for o in s.observations)[-20:],
         excluded_gpus=sum(s.excluded_gpus for s in states),
         capacity_notes=tuple(note for s in states for note in s.capacity_notes),
-        gpu_sm_active=(sum(v * n for v, n in active) / ready_active if active else None))
+        gpu_sm_active=(sum(v * n for v, n in active) / ready_active if active else None),
+        grace_period_s=min((s.grace_period_s for s in states if s.grace_period_s is not None),
+                           default=None))

@@ -234,6 +234,8 @@ def describe(document: dict[str, Any]) -> str:
         lines.append("No limit changed the recommendation.")
     for note in decision["notes"]:
         lines.append(f"Note: {note}")
+    if decision.get("cut_warning"):  # absent from an older server's document
+        lines.append(f"Warning: {decision['cut_warning']}.")
     steps = decision.get("steps") or []
     if steps:
         lines.append("Steps:")

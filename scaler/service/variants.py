@@ -127,14 +127,18 @@ def parts(reading: Reading, targets: Sequence[model.ScalePolicy], *,
     """One decision per variant: current is its spec.replicas as read (the actuator's
     precondition), desired its count in the mix, the reason `note` (the mix in words);
     a variant in `owners` (its HPA scales it) is left at its spec.replicas.
-    The model's clamps and steps are in the model's yardstick replicas, so left out."""
+    The model's clamps and steps are in the model's yardstick replicas, so left out; its
+    warning that a scale-down cuts answers goes with the variants that scale down."""
     owned = owners or {}
-    return [(view, dataclasses.replace(
-                decision, current=state.current,
-                desired=state.current if variant.name in owned else mix.replicas[variant.name],
-                clamps=(), steps=(), notes=(note,)))
-            for variant, view, state in zip(reading.policy.spec.variants, targets,
-                                            reading.states, strict=True)]
+    items: list[Part] = []
+    for variant, view, state in zip(reading.policy.spec.variants, targets, reading.states,
+                                    strict=True):
+        desired = state.current if variant.name in owned else mix.replicas[variant.name]
+        items.append((view, dataclasses.replace(
+            decision, current=state.current, desired=desired, clamps=(), steps=(),
+            notes=(note,),
+            cut_warning=decision.cut_warning if desired < state.current else None)))
+    return items
 
 
 OWNER_RECHECK_S = 15.0

@@ -100,6 +100,27 @@ async def test_pod_timelines_become_cold_start_observations(
 
 
 @pytest.mark.emulator_only
+async def test_the_pods_grace_period_is_read_for_the_cut_warning(
+        kube: KubeTestEnv, reader: cluster_reader.KubeClusterReader) -> None:
+    """The shortest terminationGracePeriodSeconds of the target's live pods: the API
+    server's default 30 s, or what the template sets (`spare.cut_warning` reads it)."""
+    assert kube.emulator is not None
+    controller = EmulatorController(kube.emulator, ControllerSettings())
+    deployments = kube.collection("apps/v1", "deployments")
+    await kube.create_deployment("chat", replicas=1)
+    await kube.create_deployment("reasoner", replicas=2)
+    await kube.api.merge_patch(f"{deployments}/reasoner", {
+        "spec": {"template": {"spec": {"terminationGracePeriodSeconds": 600}}}})
+    no_pods = await reader.read(make_policy(kube.namespace, "chat"))
+    assert no_pods.grace_period_s is None  # no pod yet: unknown
+
+    controller.reconcile()
+    await until(lambda: len(reader.pods[kube.namespace].objects) == 3)
+    assert (await reader.read(make_policy(kube.namespace, "chat"))).grace_period_s == 30.0
+    assert (await reader.read(make_policy(kube.namespace, "reasoner"))).grace_period_s == 600.0
+
+
+@pytest.mark.emulator_only
 async def test_wait_for_a_new_node_counts_as_node_boot(
         kube: KubeTestEnv, reader: cluster_reader.KubeClusterReader, wall_clock: ManualClock,
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -57,6 +58,24 @@ async def test_applies_scale_change_and_records_event(kube: KubeTestEnv,
     assert await spec_replicas(kube, "llama") == 3
     posted = await events_for(kube, "llama")
     assert [(e["reason"], e["message"]) for e in posted] == [("ScaledUp", decision.summary)]
+
+
+async def test_a_scale_down_that_cuts_answers_posts_a_warning(kube: KubeTestEnv,
+                                                              wall_clock: ManualClock) -> None:
+    """The decision's cut warning (`spare.cut_warning`) goes out as a Warning Event beside
+    the ScaledDown one, so `kubectl describe` shows why answers were cut."""
+    await kube.create_deployment("reasoner", replicas=4)
+    policy = make_policy(kube.namespace, "reasoner")
+    why = "answers run 100 s at a replica on average"
+    down = dataclasses.replace(make_decision(policy.key, current=4, desired=2), cut_warning=why)
+
+    assert (await actuator(kube, wall_clock).apply(policy, down)).outcome is base.Outcome.APPLIED
+
+    posted = {e["reason"]: e for e in await events_for(kube, "reasoner")}
+    assert sorted(posted) == ["ScaleDownCutsAnswers", "ScaledDown"]
+    assert (posted["ScaleDownCutsAnswers"]["type"], posted["ScaledDown"]["type"]) == (
+        "Warning", "Normal")
+    assert posted["ScaleDownCutsAnswers"]["message"] == why
 
 
 async def test_no_patch_when_desired_equals_current(kube: KubeTestEnv,

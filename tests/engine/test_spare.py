@@ -3,12 +3,14 @@ rule that replicas with unfinished work stay unless the model is over its GPU bu
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from scaler.core import vocabulary
 from scaler.engine import spare, types
 
-from .helpers import Sim, policy, snap
+from .helpers import Sim, policy, snap, value
 
 Work = spare.PodWork
 
@@ -92,3 +94,44 @@ def test_the_busy_rule_never_slows_a_scale_up() -> None:
     sim = Sim(policy(behavior=FAST_DOWN), current=1)
     assert sim.step(0, snap(running=50, waiting=0), busy_replicas=1) == 5
     assert sim.last is not None and sim.last.clamps == ()
+
+
+def with_finished(snapshot: types.SignalSnapshot, finished: float, *, age: float = 0.0
+                  ) -> types.SignalSnapshot:
+    return dataclasses.replace(snapshot, completion_rate=value(finished, age=age))
+
+
+@pytest.mark.parametrize(("running", "finished", "age", "seconds"), [
+    (400, 4, 0, 100.0), (20, 0.2, 0, 100.0), (30, 10, 0, 3.0),
+    (400, 0, 0, None),  # nothing finishes: no time to tell
+    (0, 4, 0, None),  # nothing running: nothing to cut
+    (400, 4, 60, None),  # stale completions
+    (1e300, 1e-300, 0, None)])  # no overflow: not a finite time
+def test_answer_seconds_is_littles_law(running: float, finished: float, age: float,
+                                       seconds: float | None) -> None:
+    snapshot = with_finished(snap(running=running), finished, age=age)
+    assert spare.answer_seconds(snapshot) == seconds
+    assert spare.answer_seconds(snap(running=running)) is None  # completions not reported
+
+
+def test_a_scale_down_beyond_the_grace_period_warns_that_it_cuts_answers() -> None:
+    """6 replicas, demand for 2 (20 running at 10 per replica): with 0.2 finishing a
+    second, answers run 20 / 0.2 = 100 s, past the pods' 30 s grace period."""
+    def decide(*, finished: float, grace: float | None, running: float = 20
+               ) -> types.Decision:
+        sim = Sim(policy(behavior=FAST_DOWN), current=6)
+        sim.step(0, with_finished(snap(running=running, waiting=0), finished),
+                 grace_period_s=grace)
+        assert sim.last is not None
+        return sim.last
+
+    cut = decide(finished=0.2, grace=30.0)
+    assert cut.desired == 2
+    assert cut.cut_warning is not None
+    assert "100 s" in cut.cut_warning and "terminationGracePeriodSeconds of 30 s" in (
+        cut.cut_warning)
+    assert decide(finished=4.0, grace=30.0).cut_warning is None  # 5 s answers drain
+    assert decide(finished=0.2, grace=120.0).cut_warning is None  # within the grace
+    assert decide(finished=0.2, grace=None).cut_warning is None  # grace period unknown
+    up = decide(finished=0.2, grace=30.0, running=100)  # a scale-up cuts nothing
+    assert up.desired == 10 and up.cut_warning is None

@@ -45,6 +45,21 @@ def test_stale_signal_and_note_without_forecast() -> None:
            "no recommendation" in text
     assert "Look-ahead" not in text
     assert "Note: scale-down limited by in-flight work" in text
+    assert "Warning:" not in text
+
+
+def test_a_scale_down_that_cuts_answers_is_a_warning_line() -> None:
+    registry = factories.loaded_state(factories.policy())
+    obs = factories.observation(current=3, desired=2)
+    why = "answers run 100 s at a replica on average"
+    registry.record("inference/llama-70b", dataclasses.replace(
+        obs, decision=dataclasses.replace(obs.decision, cut_warning=why)))
+    status = registry.status("inference/llama-70b")
+    assert status is not None and status.last is not None
+    document = json.loads(json.dumps(explain.decision_document(status, status.last)))
+    assert f"Warning: {why}." in explain.describe(document).splitlines()
+    del document["decision"]["cut_warning"]  # an older server's document still reads
+    assert "Warning:" not in explain.describe(document)
 
 
 def test_non_finite_numbers_become_null() -> None:

@@ -43,7 +43,7 @@ async def test_a_batch_variant_keeps_the_replicas_of_its_own_pods_with_unfinishe
     # busy pod; with the model's whole busy count on every variant (2), the idle H100
     # would be kept too (h100 2). Each variant keeps its own busy replicas: h100 0, l40s 2.
     # (The idle pod says so: a silent one would be possibly busy, kept and ranked with
-    # the busy ones, `actuators.deletion_cost.possibly_busy` and `silent_cost`.)
+    # the busy ones, `engine.spare.possibly_busy` and `silent_cost`.)
     await report(nats_url, world, {first: 5, second: 5, third: 0})
     await until(holds(world, 0, 2), what="h100 0, l40s 2: the busy L40S kept")
     await until(lambda: _pods_are(world, L40S, [first, second]),
