@@ -10,10 +10,17 @@ Pareto view, with the oracle and static-peak as reference points).
     .venv/bin/python -m loadtests.suite --out /tmp/suite --quick    # seconds: a smoke test
     .venv/bin/python -m loadtests.suite --out /tmp/suite --headroom replicas=1 \
         --headroom fraction=0.25   # also the scaler with spare capacity: its price
+    .venv/bin/python -m loadtests.suite --out /tmp/suite --seeds 3   # over three seeds
 
 A `--headroom` variant is the scaler strategy on the policy with `spec.headroom` set, named
 `scaler+1` (one spare replica) or `scaler+25%` (a quarter more capacity), beside the
 others in the tables and on each trace's GPU-hours/windows picture.
+
+`--seeds N` replays every trace under N seeds, the first the default run's (shapes are
+drawn with seeds 3, 4, ..., the shared traces loaded with 1, 2, ...: ServeGen draws its
+arrivals and a rate scale draws its copies' offsets), a trace whose loading takes no seed
+once; summary.json and the page then add each seed's cells and, per strategy, the mean
+and the worst seed, and the run ends with a table of them.
 
 Shared traces are read from `../shared/traces` beside the repository (or
 `$SCALER_TRACES`); what is absent is skipped with a line saying so.
@@ -28,11 +35,12 @@ import io
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +54,11 @@ DEFAULT_POLICY = REPO / "config" / "llama-8b.yaml"
 # Strategies that share the oracle's plan run in one job (the plan is computed once).
 PLAN_GROUP = ("oracle", "static-peak", "oracle-rate")
 QUICK_STRATEGIES = ("scaler", "oracle")
+# The first seed of each kind of trace, that of the default one-seed run: seed k (from 0)
+# of `--seeds N` is the first + k, so `--seeds 3` draws the shapes with 3, 4, 5 and loads
+# the shared traces with 1, 2, 3, its first seed giving the default run's numbers.
+SCENARIO_SEED = 3
+SHARED_SEED = 1
 # The suite's scenario lengths: 30 minutes per shape (several cold starts and a 300 s
 # scale-down window each), the daily cycle compressed to 2 h, so that the whole suite,
 # oracle searches included, runs in about 20 minutes on 2 cores (the ramps of the
@@ -75,28 +88,41 @@ class Item:
     duration_s: float | None = None
     rises: tuple[float, ...] = ()
     options: dict[str, Any] = field(default_factory=dict)
+    # A scenario's file was drawn with this seed; a shared trace is loaded with it.
+    seed: int = SHARED_SEED
 
     def load(self) -> traces.Trace:
-        return traces.load_trace(self.path, rate_scale=self.rate_scale, seed=1,
+        return traces.load_trace(self.path, rate_scale=self.rate_scale, seed=self.seed,
                                  start_s=self.start_s, max_duration_s=self.duration_s)
 
+    def seeded(self) -> bool:
+        """Whether loading a shared trace draws from the seed: ServeGen's requests are
+        drawn from its windows' rates, and a rate scale other than 1 superposes copies
+        shifted by drawn offsets (`traces.scale_rate`); a per-request trace at its own
+        rate is the same for every seed."""
+        return self.rate_scale != 1.0 or traces.sniff(self.path) == "servegen"
 
-def scenario_items(out: Path, *, quick: bool) -> list[Item]:
-    """Write each scenario's trace under `out/traces` and describe it."""
+
+def scenario_items(out: Path, *, quick: bool, seeds: int = 1) -> list[Item]:
+    """Write each scenario's trace under `out/traces`, once per seed, and describe it
+    (`step.csv` for one seed, `step-seed3.csv`, `step-seed4.csv`, ... for several)."""
     folder = out / "traces"
     folder.mkdir(parents=True, exist_ok=True)
     chosen = scenarios.QUICK if quick else FULL
     items = []
     for name, params in chosen.items():
         shape = scenarios.scenario(name, **params)
-        path = folder / f"{name}.csv"
-        shape.write(path, seed=3)
-        items.append(Item(name, shape.description, path, "scenario", rises=shape.rises))
+        for seed in range(SCENARIO_SEED, SCENARIO_SEED + seeds):
+            path = folder / (f"{name}.csv" if seeds == 1 else f"{name}-seed{seed}.csv")
+            shape.write(path, seed=seed)
+            items.append(Item(name, shape.description, path, "scenario", rises=shape.rises,
+                              seed=seed))
     return items
 
 
-def shared_items(root: Path, *, say: Callable[[str], None]) -> list[Item]:
-    """The shared real traces that are present, each as the docs replay it."""
+def shared_items(root: Path, *, say: Callable[[str], None], seeds: int = 1) -> list[Item]:
+    """The shared real traces that are present, each as the docs replay it, once per seed
+    (once only if its loading takes no seed: see `Item.seeded`)."""
     wanted = [
         Item("azure-code-x16", "Azure LLM 2023 code, first 30 min at 16x the recorded rate",
              root / "azure_llm_2023" / "AzureLLMInferenceTrace_code.csv", "shared",
@@ -110,10 +136,12 @@ def shared_items(root: Path, *, say: Callable[[str], None]) -> list[Item]:
     ]
     items = []
     for item in wanted:
-        if item.path.exists():
-            items.append(item)
-        else:
+        if not item.path.exists():
             say(f"suite: skipping {item.name}: {item.path} not found")
+            continue
+        count = seeds if item.seeded() else 1
+        items += [replace(item, seed=seed)
+                  for seed in range(SHARED_SEED, SHARED_SEED + count)]
     functions = root / "azure_functions_2019_sample"
     if functions.exists():
         say(f"suite: skipping {functions.name}: per-minute function invocations, not an LLM "
@@ -165,7 +193,7 @@ def run_job(item: Item, names: tuple[str, ...], policy_path: Path,
         result.results[names[0]] = result.results.pop("scaler")
     else:
         result = run.simulate(trace, policy=policy, profile=profile, names=names)
-    return {"item": item.name, "names": list(names),
+    return {"item": item.name, "seed": item.seed, "names": list(names),
             "summaries": {n: r.summary for n, r in result.results.items()},
             "missed": {n: missed_windows(r.series, result.slo_threshold_s)
                        for n, r in result.results.items()},
@@ -205,30 +233,85 @@ def rise_windows(item: Item, trace: traces.Trace, profile: profiles.ReplicaProfi
     return {w + k for w in rises for k in range(span)} & set(range(load.size))
 
 
-def pareto_png(name: str, summaries: dict[str, dict[str, float | int]]) -> str:
-    """GPU-hours against feasible windows met, one point per strategy, as base64 PNG."""
+def over_seeds(runs: dict[str, dict[str, Any]], names: Sequence[str]
+               ) -> dict[str, dict[str, Any]]:
+    """Per strategy, each seed's cell and the spread over the seeds.
+
+    `runs` maps a seed (as text) to that seed's replay (`strategies`: the summaries). A
+    cell is the GPU-hours, the feasible windows met and, when the oracle ran, the
+    GPU-hours over the oracle's of the same seed (the oracle's plan is for that seed's
+    requests, so 2.6 GPU-h against 1.6 is 1.6x whatever another seed's oracle used). The
+    worst seed is the one with the fewest windows met, ties going to the costlier.
+    """
+    spread: dict[str, dict[str, Any]] = {}
+    for strategy in names:
+        cells: dict[str, dict[str, float]] = {}
+        for seed, replay in runs.items():
+            summary = replay["strategies"].get(strategy)
+            if summary is None:
+                continue
+            cell = {"gpu_hours": float(summary["gpu_hours"]),
+                    "p95_windows_met": float(summary["p95_windows_met"])}
+            oracle = replay["strategies"].get("oracle")
+            if oracle is not None and float(oracle["gpu_hours"]) > 0:
+                cell["gpu_over_oracle"] = round(cell["gpu_hours"] / float(oracle["gpu_hours"]),
+                                                4)
+            cells[seed] = cell
+        if not cells:
+            continue
+        stats: dict[str, Any] = {"cells": cells}
+        for key in ("gpu_hours", "p95_windows_met"):
+            values = [cell[key] for cell in cells.values()]
+            stats |= {f"{key}_mean": round(statistics.fmean(values), 6),
+                      f"{key}_min": min(values), f"{key}_max": max(values)}
+        ratios = [cell["gpu_over_oracle"] for cell in cells.values() if "gpu_over_oracle" in cell]
+        if len(ratios) == len(cells):
+            stats |= {"gpu_over_oracle_mean": round(statistics.fmean(ratios), 6),
+                      "gpu_over_oracle_max": max(ratios)}
+        stats["worst_seed"] = int(min(cells, key=lambda seed: (
+            cells[seed]["p95_windows_met"],
+            -cells[seed].get("gpu_over_oracle", cells[seed]["gpu_hours"]))))
+        spread[strategy] = stats
+    return spread
+
+
+def pareto_png(name: str, summaries: dict[str, dict[str, float | int]],
+               spread: dict[str, dict[str, Any]] | None = None) -> str:
+    """GPU-hours against feasible windows met, one point per strategy, as base64 PNG;
+    with `spread` (see `over_seeds`) the point is the mean over the seeds and bars span
+    the seeds' lowest to highest."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
     fig, axis = plt.subplots(figsize=(4.6, 3.2))
+    lowest_met, most_hours = 0.5, 0.0
     for strategy, summary in summaries.items():
         x, y = float(summary["gpu_hours"]), float(summary["p95_windows_met"])
         reference = strategy in PLAN_GROUP
+        color = ("#222222" if reference else "#2ca02c" if "+" in strategy else "#1f77b4")
+        seeds = (spread or {}).get(strategy)
+        if seeds is not None:
+            x, y = seeds["gpu_hours_mean"], seeds["p95_windows_met_mean"]
+            axis.errorbar([x], [y], xerr=[[x - seeds["gpu_hours_min"]],
+                                          [seeds["gpu_hours_max"] - x]],
+                          yerr=[[y - seeds["p95_windows_met_min"]],
+                                [seeds["p95_windows_met_max"] - y]],
+                          fmt="none", ecolor=color, alpha=0.5, lw=1, zorder=2)
+            lowest_met = min(lowest_met, seeds["p95_windows_met_min"])
+            most_hours = max(most_hours, seeds["gpu_hours_max"])
         axis.scatter([x], [y], s=60 if reference else 40,
                      marker={"oracle": "*", "static-peak": "s", "oracle-rate": "D"}.get(
-                         strategy, "o"),
-                     color="#222222" if reference else "#2ca02c" if "+" in strategy
-                     else "#1f77b4", zorder=3)
+                         strategy, "o"), color=color, zorder=3)
+        lowest_met, most_hours = min(lowest_met, y), max(most_hours, x)
         # The two references often sit close together: the oracle's label goes below.
         axis.annotate(strategy, (x, y), xytext=(5, -11 if strategy == "oracle" else 4),
                       textcoords="offset points", fontsize=8)
     axis.set_xlabel("GPU-hours (fewer is better)")
-    axis.set_ylabel("feasible windows met")
-    axis.set_ylim(min(0.5, *(float(s["p95_windows_met"]) for s in summaries.values())) - 0.05,
-                  1.05)
-    axis.set_xlim(0, max(float(s["gpu_hours"]) for s in summaries.values()) * 1.2 + 0.01)
+    axis.set_ylabel("feasible windows met" + (" (mean, range)" if spread else ""))
+    axis.set_ylim(lowest_met - 0.05, 1.05)
+    axis.set_xlim(0, most_hours * 1.2 + 0.01)
     axis.grid(alpha=0.3)
     axis.set_title(f"{name}: the best is top left", fontsize=10, loc="left")
     fig.tight_layout()
@@ -251,24 +334,61 @@ def _value(summary: dict[str, float | int], key: str, fmt: str) -> str:
     return fmt.format(int(value) if fmt.endswith("d}") else float(value))
 
 
+def _summary_table(summaries: dict[str, dict[str, float | int]]) -> str:
+    head = "".join(f"<th>{html.escape(title)}</th>" for _, title, _ in TABLE_KEYS)
+    rows = "".join(
+        f"<tr><th>{html.escape(strategy)}</th>"
+        + "".join(f"<td>{_value(summary, k, f)}</td>" for k, _, f in TABLE_KEYS) + "</tr>"
+        for strategy, summary in summaries.items())
+    return f"<table><tr><th>strategy</th>{head}</tr>{rows}</table>"
+
+
+def _seeds_table(spread: dict[str, dict[str, Any]], seeds: Sequence[str]) -> str:
+    """Each seed's GPU-hours / feasible windows met per strategy, then the mean, the
+    worst seed and the GPU-hours over the same seed's oracle."""
+    head = "".join(f"<th>seed {html.escape(seed)}</th>" for seed in seeds)
+    rows = []
+    for strategy, stats in spread.items():
+        cells = "".join(
+            f"<td>{stats['cells'][seed]['gpu_hours']:.2f} / "
+            f"{stats['cells'][seed]['p95_windows_met']:.3f}</td>"
+            if seed in stats["cells"] else "<td>-</td>" for seed in seeds)
+        ratio = (f"<td>{stats['gpu_over_oracle_mean']:.2f}x</td>"
+                 f"<td>{stats['gpu_over_oracle_max']:.2f}x</td>"
+                 if "gpu_over_oracle_mean" in stats else "<td>-</td><td>-</td>")
+        rows.append(f"<tr><th>{html.escape(strategy)}</th>{cells}"
+                    f"<td>{stats['gpu_hours_mean']:.2f} / {stats['p95_windows_met_mean']:.3f}"
+                    f"</td><td>{stats['p95_windows_met_min']:.3f} (seed "
+                    f"{stats['worst_seed']})</td>{ratio}</tr>")
+    return (f"<table><tr><th>strategy</th>{head}<th>mean</th><th>worst win met</th>"
+            f"<th>GPU-h / oracle, mean</th><th>max</th></tr>{''.join(rows)}</table>")
+
+
 def render_html(document: dict[str, Any]) -> str:
+    several = "seeds" in document
     parts = [f"<h1>Scenario suite: {html.escape(document['policy'])}</h1>",
              f"<p>{len(document['scenarios'])} traces x {len(document['strategies'])} "
              f"strategies in {document['wall_s']:.0f} s on {document['workers']} worker "
              "processes. Windows met count feasible 60 s windows (those whose floor, each "
              "request alone on an idle replica, is within the SLO) when the simulator "
-             "reports them.</p>"]
+             "reports them."
+             + (" Each trace is replayed once per seed (one only for a trace whose loading "
+                "takes no seed); cells are GPU-hours / feasible windows met, the picture "
+                "shows the mean over the seeds with bars from the lowest to the highest."
+                if several else "") + "</p>"]
     for name, entry in document["scenarios"].items():
         summaries = entry["strategies"]
-        head = "".join(f"<th>{html.escape(title)}</th>" for _, title, _ in TABLE_KEYS)
-        rows = "".join(
-            f"<tr><th>{html.escape(strategy)}</th>"
-            + "".join(f"<td>{_value(summary, k, f)}</td>" for k, _, f in TABLE_KEYS) + "</tr>"
-            for strategy, summary in summaries.items())
         feasible = next((s.get("feasible_windows") for s in summaries.values()), None)
+        seeds = list(entry.get("seeds", {}))
+        tables = (_seeds_table(entry["over_seeds"], seeds)
+                  + "".join(f"<details><summary>seed {html.escape(seed)}</summary>"
+                            f"{_summary_table(replay['strategies'])}</details>"
+                            for seed, replay in entry["seeds"].items())
+                  if several else _summary_table(summaries))
         parts.append(
             f"<h2>{html.escape(name)}</h2><p>{html.escape(entry['description'])}: "
-            f"{entry['requests']} requests over {entry['duration_s']:.0f} s; "
+            + (f"seed {html.escape(seeds[0])} (of {', '.join(seeds)}): " if several else "")
+            + f"{entry['requests']} requests over {entry['duration_s']:.0f} s; "
             f"{entry['windows']} windows"
             + (f", {feasible} feasible" if feasible is not None else "")
             + f", {len(entry['rise_windows'])} within one cold start of a rise"
@@ -277,9 +397,10 @@ def render_html(document: dict[str, Any]) -> str:
                          if entry["rise_windows"] else "")
                       for strategy, missed in entry["missed"].items() if missed)
             + ".</p>"
-            f'<div class="row"><table><tr><th>strategy</th>{head}</tr>{rows}</table>'
+            f'<div class="row"><div>{tables}</div>'
             f'<img alt="GPU-hours against windows met" '
-            f'src="data:image/png;base64,{pareto_png(name, summaries)}"></div>')
+            f'src="data:image/png;base64,{pareto_png(name, summaries, entry.get("over_seeds"))}">'
+            "</div>")
     skipped = "".join(f"<li>{html.escape(s)}</li>" for s in document["skipped"])
     if skipped:
         parts.append(f"<h2>Skipped</h2><ul>{skipped}</ul>")
@@ -292,14 +413,19 @@ def render_html(document: dict[str, Any]) -> str:
 
 
 def markdown_table(document: dict[str, Any]) -> str:
-    """One row per trace: GPU-hours / feasible windows met per strategy, and how many of
-    each reactive strategy's missed windows start within one cold start of a rise."""
+    """One row per trace (per trace and seed when there are several): GPU-hours /
+    feasible windows met per strategy, and how many of each reactive strategy's missed
+    windows start within one cold start of a rise."""
     names = document["strategies"]
     reactive = [n for n in names if n not in PLAN_GROUP]
     lines = ["| trace | rise windows | " + " | ".join(names)
              + " | misses at rises (" + ", ".join(reactive) + ") |",
              "| --- | ---: | " + " | ".join("---:" for _ in names) + " | ---: |"]
-    for name, entry in document["scenarios"].items():
+    rows = list(document["scenarios"].items())
+    if "seeds" in document:
+        rows = [(f"{name} seed {seed}", replay) for name, entry in rows
+                for seed, replay in entry["seeds"].items()]
+    for label, entry in rows:
         cells = []
         for strategy in names:
             summary = entry["strategies"].get(strategy)
@@ -308,8 +434,30 @@ def markdown_table(document: dict[str, Any]) -> str:
         rises = set(entry["rise_windows"])
         at_rises = " / ".join(str(len(set(entry["missed"].get(n, [])) & rises))
                               for n in reactive)
-        lines.append(f"| {name} | {len(rises)} of {entry['windows']} | "
+        lines.append(f"| {label} | {len(rises)} of {entry['windows']} | "
                      + " | ".join(cells) + f" | {at_rises} |")
+    return "\n".join(lines)
+
+
+def seeds_markdown(document: dict[str, Any]) -> str:
+    """One row per trace over its seeds: per strategy the mean feasible windows met, the
+    worst seed's, and the mean GPU-hours over the same seed's oracle (its max)."""
+    names = document["strategies"]
+    lines = ["Cells: mean feasible windows met / worst seed's / mean GPU-h over the same "
+             "seed's oracle (max).", "",
+             "| trace | seeds | " + " | ".join(names) + " |",
+             "| --- | --- | " + " | ".join("---:" for _ in names) + " |"]
+    for name, entry in document["scenarios"].items():
+        cells = []
+        for strategy in names:
+            stats = entry["over_seeds"].get(strategy)
+            ratio = (f" / {stats['gpu_over_oracle_mean']:.2f}x "
+                     f"({stats['gpu_over_oracle_max']:.2f}x)"
+                     if stats is not None and "gpu_over_oracle_mean" in stats else "")
+            cells.append("-" if stats is None else
+                         f"{stats['p95_windows_met_mean']:.3f} / "
+                         f"{stats['p95_windows_met_min']:.3f}{ratio}")
+        lines.append(f"| {name} | {', '.join(entry['seeds'])} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -332,15 +480,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--headroom", action="append", default=[], type=headroom_variant,
                         metavar="replicas=N|fraction=F",
                         help="also run the scaler with this spec.headroom (repeatable)")
+    parser.add_argument("--seeds", type=int, default=1, metavar="N",
+                        help=f"replay every trace under N seeds: shapes drawn with "
+                        f"{SCENARIO_SEED}, {SCENARIO_SEED + 1}, ..., shared traces loaded "
+                        f"with {SHARED_SEED}, {SHARED_SEED + 1}, ... (default 1: the "
+                        "first of each)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     names = (tuple(n.strip() for n in args.strategies.split(",") if n.strip())
              if args.strategies else QUICK_STRATEGIES if args.quick else strategies.STRATEGIES)
     variants = dict(args.headroom)
     unknown = [n for n in names if n not in strategies.NAMES]
-    if unknown or args.workers < 1:
+    if unknown or args.workers < 1 or args.seeds < 1:
         say(f"suite: unknown strategies {unknown} (choose from {', '.join(strategies.NAMES)})"
-            if unknown else "suite: --workers must be at least 1")
+            if unknown else "suite: --workers must be at least 1" if args.workers < 1
+            else "suite: --seeds must be at least 1")
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     skipped: list[str] = []
@@ -349,25 +503,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         skipped.append(line.removeprefix("suite: "))
         say(line)
 
-    items = scenario_items(args.out, quick=args.quick)
+    items = scenario_items(args.out, quick=args.quick, seeds=args.seeds)
     if not args.quick:
-        items += shared_items(SHARED, say=skip)
+        items += shared_items(SHARED, say=skip, seeds=args.seeds)
     if args.only:
         keep = {n.strip() for n in args.only.split(",")}
         missing = sorted(keep - {i.name for i in items})
         if missing:
-            say(f"suite: --only names no trace {missing} (have {', '.join(i.name for i in items)})")
+            say(f"suite: --only names no trace {missing} "
+                f"(have {', '.join(dict.fromkeys(i.name for i in items))})")
             return 2
         items = [i for i in items if i.name in keep]
     policy = loader.load_paths([args.policy]).policies[0]
     profile = profiles.load_profile(policy.spec.profile or "llama-3.1-8b-h100")
     names = (*names, *(label for label in variants if label not in names))
-    document: dict[str, Any] = {"policy": policy.name, "strategies": list(names),
-                                "workers": args.workers, "quick": args.quick,
-                                "scenarios": {}, "skipped": skipped}
+    # One replay per (trace, seed): what a default run writes as the trace's entry.
+    runs: dict[tuple[str, int], dict[str, Any]] = {}
     for item in items:
         trace = item.load()
-        document["scenarios"][item.name] = {
+        runs[(item.name, item.seed)] = {
             "description": item.description, "source": item.source, "path": str(item.path),
             "requests": trace.requests, "duration_s": round(trace.duration_s, 1),
             "windows": int(trace.per_minute().size),
@@ -376,29 +530,57 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Longest jobs first, so the last to start are short: the oracle's plan (a search
     # that replays the trace many times) costs about 3x one strategy's run.
     jobs = sorted(((item, group) for item in items for group in jobs_for(names)),
-                  key=lambda job: -document["scenarios"][job[0].name]["duration_s"]
+                  key=lambda job: -runs[(job[0].name, job[0].seed)]["duration_s"]
                   * (3.0 if set(job[1]) & set(PLAN_GROUP) else 1.0))
-    say(f"suite: {len(jobs)} jobs ({len(items)} traces x {len(names)} strategies) on "
-        f"{args.workers} worker processes")
+    traced = list(dict.fromkeys(item.name for item in items))
+    say(f"suite: {len(jobs)} jobs ({len(traced)} traces x {len(names)} strategies"
+        + (f", {args.seeds} seeds" if args.seeds > 1 else "")
+        + f") on {args.workers} worker processes")
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         futures = [pool.submit(run_job, item, group, args.policy, variants)
                    for item, group in jobs]
         for done, future in enumerate(as_completed(futures), start=1):
             outcome = future.result()
-            entry = document["scenarios"][outcome["item"]]
-            entry["strategies"].update(outcome["summaries"])
-            entry["missed"].update(outcome["missed"])
-            entry["job_seconds"] = round(entry["job_seconds"] + outcome["seconds"], 1)
-            say(f"suite: [{done}/{len(jobs)}] {outcome['item']} "
-                f"{','.join(outcome['names'])}: {outcome['seconds']:.0f} s")
-    for entry in document["scenarios"].values():
-        entry["strategies"] = {n: entry["strategies"][n] for n in names
-                               if n in entry["strategies"]}
-        entry["missed"] = {n: entry["missed"][n] for n in names if n in entry["missed"]}
+            replay = runs[(outcome["item"], outcome["seed"])]
+            replay["strategies"].update(outcome["summaries"])
+            replay["missed"].update(outcome["missed"])
+            replay["job_seconds"] = round(replay["job_seconds"] + outcome["seconds"], 1)
+            say(f"suite: [{done}/{len(jobs)}] {outcome['item']}"
+                + (f" seed {outcome['seed']}" if args.seeds > 1 else "")
+                + f" {','.join(outcome['names'])}: {outcome['seconds']:.0f} s")
+    for replay in runs.values():
+        replay["strategies"] = {n: replay["strategies"][n] for n in names
+                                if n in replay["strategies"]}
+        replay["missed"] = {n: replay["missed"][n] for n in names if n in replay["missed"]}
+    document: dict[str, Any] = {"policy": policy.name, "strategies": list(names),
+                                "workers": args.workers, "quick": args.quick,
+                                "scenarios": {}, "skipped": skipped}
+    if args.seeds == 1:
+        document["scenarios"] = {name: replay for (name, _), replay in runs.items()}
+    else:
+        document["seeds"] = {
+            source: list(range(first, first + args.seeds))
+            for source, first in (("scenario", SCENARIO_SEED), ("shared", SHARED_SEED))}
+        for name in traced:
+            replays = {str(seed): replay for (trace, seed), replay in runs.items()
+                       if trace == name}
+            if len(replays) == 1:
+                say(f"suite: {name} replayed once: its loading takes no seed")
+            first = next(iter(replays.values()))
+            document["scenarios"][name] = {
+                **first,
+                "job_seconds": round(sum(r["job_seconds"] for r in replays.values()), 1),
+                "seeds": {seed: {k: v for k, v in replay.items()
+                                 if k not in ("description", "source")}
+                          for seed, replay in replays.items()},
+                "over_seeds": over_seeds(replays, names)}
     document["wall_s"] = round(time.perf_counter() - started, 1)
     (args.out / "summary.json").write_text(json.dumps(document, indent=2) + "\n")
     (args.out / "index.html").write_text(render_html(document))
     print(markdown_table(document))
+    if args.seeds > 1:
+        print()
+        print(seeds_markdown(document))
     say(f"suite: {args.out / 'summary.json'}, {args.out / 'index.html'} "
         f"({document['wall_s']:.0f} s wall)")
     return 0

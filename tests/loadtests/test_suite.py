@@ -3,18 +3,54 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import io
 import json
+import statistics
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from loadtests import scenarios, suite
 
+# The keys of a default (one-seed) run's summary.json, which docs and other tools read.
+DOCUMENT_KEYS = ["policy", "strategies", "workers", "quick", "scenarios", "skipped", "wall_s"]
+ENTRY_KEYS = ["description", "source", "path", "requests", "duration_s", "windows",
+              "rise_windows", "job_seconds", "strategies", "missed"]
 
-def test_quick_suite_writes_a_summary_and_a_page(tmp_path: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    assert suite.main(["--out", str(tmp_path), "--quick", "--workers", "2"]) == 0
-    document = json.loads((tmp_path / "summary.json").read_text())
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    out: Path
+    printed: str
+    said: str
+
+    def document(self) -> dict[str, Any]:
+        loaded: dict[str, Any] = json.loads((self.out / "summary.json").read_text())
+        return loaded
+
+
+def run_suite(out: Path, *arguments: str) -> Run:
+    printed, said = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(said):
+        assert suite.main(["--out", str(out), "--quick", "--workers", "2", *arguments]) == 0
+    return Run(out, printed.getvalue(), said.getvalue())
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return run_suite(tmp_path_factory.mktemp("default"))
+
+
+def test_quick_suite_writes_a_summary_and_a_page(default_run: Run) -> None:
+    tmp_path = default_run.out
+    document = default_run.document()
+    assert list(document) == DOCUMENT_KEYS
+    assert all(list(entry) == ENTRY_KEYS for entry in document["scenarios"].values())
+    assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == sorted(
+        f"{name}.csv" for name in scenarios.QUICK)
     assert set(document["scenarios"]) == set(scenarios.QUICK)
     assert document["strategies"] == list(suite.QUICK_STRATEGIES)
     assert document["workers"] == 2 and document["wall_s"] > 0
@@ -29,11 +65,96 @@ def test_quick_suite_writes_a_summary_and_a_page(tmp_path: Path,
     assert document["scenarios"]["step"]["rise_windows"] == [1, 2]
     page = (tmp_path / "index.html").read_text()
     assert page.count('src="data:image/png;base64,') == len(scenarios.QUICK)
-    printed = capsys.readouterr()
-    assert "| step | 2 of 5 | " in printed.out
+    assert "| step | 2 of 5 | " in default_run.printed
+    assert "worst seed" not in default_run.printed
     for entry in document["scenarios"].values():
         assert set(entry["missed"]) == set(suite.QUICK_STRATEGIES)
-    assert "[4/4]" in printed.err
+    assert "[4/4]" in default_run.said
+
+
+def test_several_seeds_give_a_cell_per_seed_and_their_mean_and_worst(
+        tmp_path: Path, default_run: Run) -> None:
+    run = run_suite(tmp_path, "--seeds", "2", "--only", "step")
+    document = run.document()
+    first, second = suite.SCENARIO_SEED, suite.SCENARIO_SEED + 1
+    assert document["seeds"] == {"scenario": [first, second],
+                                 "shared": [suite.SHARED_SEED, suite.SHARED_SEED + 1]}
+    entry = document["scenarios"]["step"]
+    assert list(entry) == [*ENTRY_KEYS, "seeds", "over_seeds"]
+    assert list(entry["seeds"]) == [str(first), str(second)]
+    # Each seed its own file, drawn differently: the cells are of different traces.
+    paths = [Path(replay["path"]) for replay in entry["seeds"].values()]
+    assert [p.name for p in paths] == [f"step-seed{first}.csv", f"step-seed{second}.csv"]
+    assert paths[0].read_text() != paths[1].read_text()
+    # The first seed is the default run's trace: the same numbers, also in the entry's
+    # own keys, which a reader of a one-seed summary finds where it looks.
+    alone = default_run.document()["scenarios"]["step"]
+    assert entry["seeds"][str(first)]["strategies"] == alone["strategies"]
+    assert entry["strategies"] == alone["strategies"]
+    assert list(entry["over_seeds"]) == list(suite.QUICK_STRATEGIES)
+    for strategy, stats in entry["over_seeds"].items():
+        cells = [entry["seeds"][seed]["strategies"][strategy] for seed in entry["seeds"]]
+        oracles = [entry["seeds"][seed]["strategies"]["oracle"] for seed in entry["seeds"]]
+        assert len(stats["cells"]) == 2
+        met = [float(c["p95_windows_met"]) for c in cells]
+        hours = [float(c["gpu_hours"]) for c in cells]
+        ratios = [h / float(o["gpu_hours"]) for h, o in zip(hours, oracles, strict=True)]
+        assert [c["gpu_hours"] for c in stats["cells"].values()] == hours
+        assert stats["p95_windows_met_mean"] == pytest.approx(statistics.fmean(met))
+        assert stats["p95_windows_met_min"] == min(met)
+        assert stats["gpu_hours_mean"] == pytest.approx(statistics.fmean(hours))
+        assert stats["gpu_over_oracle_mean"] == pytest.approx(statistics.fmean(ratios),
+                                                              abs=1e-4)
+        assert stats["gpu_over_oracle_max"] == pytest.approx(max(ratios), abs=1e-4)
+        assert stats["cells"][str(stats["worst_seed"])]["p95_windows_met"] == min(met)
+    assert entry["over_seeds"]["oracle"]["gpu_over_oracle_max"] == 1.0
+    # Printed: a row per seed, then the spread table.
+    assert f"| step seed {first} | 2 of 5 | " in run.printed
+    assert f"| step seed {second} | 2 of 5 | " in run.printed
+    scaler = entry["over_seeds"]["scaler"]
+    assert (f"| step | {first}, {second} | {scaler['p95_windows_met_mean']:.3f} / "
+            f"{scaler['p95_windows_met_min']:.3f} / {scaler['gpu_over_oracle_mean']:.2f}x"
+            in run.printed)
+    page = (tmp_path / "index.html").read_text()
+    assert f"<th>seed {second}</th>" in page and "worst win met" in page
+
+
+def test_the_spread_is_the_mean_and_the_worst_of_the_cells() -> None:
+    def replay(scaler: tuple[float, float], oracle: float) -> dict[str, Any]:
+        return {"strategies": {"scaler": {"gpu_hours": scaler[0], "p95_windows_met": scaler[1]},
+                               "oracle": {"gpu_hours": oracle, "p95_windows_met": 1.0}}}
+
+    spread = suite.over_seeds({"3": replay((2.0, 0.9), 1.0), "4": replay((3.0, 0.8), 2.0),
+                               "5": replay((1.0, 0.8), 0.5)}, ["scaler", "hpa", "oracle"])
+    assert list(spread) == ["scaler", "oracle"]  # hpa did not run
+    scaler = spread["scaler"]
+    assert scaler["p95_windows_met_mean"] == pytest.approx(2.5 / 3)
+    assert scaler["p95_windows_met_min"] == 0.8 and scaler["p95_windows_met_max"] == 0.9
+    assert scaler["gpu_hours_mean"] == 2.0 and scaler["gpu_hours_max"] == 3.0
+    # 2.0 / 1.0, 3.0 / 2.0, 1.0 / 0.5: each seed against its own oracle.
+    assert [c["gpu_over_oracle"] for c in scaler["cells"].values()] == [2.0, 1.5, 2.0]
+    assert scaler["gpu_over_oracle_mean"] == pytest.approx(5.5 / 3)
+    assert scaler["gpu_over_oracle_max"] == 2.0
+    # Seeds 4 and 5 both met 0.8: the worst is the costlier against its oracle.
+    assert scaler["worst_seed"] == 5
+    alone = suite.over_seeds({"1": {"strategies": {"hpa": {"gpu_hours": 1.0,
+                                                           "p95_windows_met": 1.0}}}},
+                             ["hpa"])["hpa"]
+    assert "gpu_over_oracle_mean" not in alone and alone["worst_seed"] == 1
+
+
+def test_a_shared_trace_takes_a_seed_only_where_its_loading_draws(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.csv"
+    scenarios.scenario("bimodal", rate=1.0, duration=30.0).write(plain, seed=1)
+    at_own_rate = suite.Item("plain", "a plain CSV", plain, "shared")
+    assert not at_own_rate.seeded()
+    assert at_own_rate.load().arrival_s.tolist() == suite.Item(
+        "plain", "a plain CSV", plain, "shared", seed=2).load().arrival_s.tolist()
+    scaled = suite.Item("plain-x2", "a plain CSV at twice its rate", plain, "shared",
+                        rate_scale=2.0)
+    assert scaled.seeded()
+    assert scaled.load().arrival_s.tolist() != dataclasses.replace(
+        scaled, seed=2).load().arrival_s.tolist()
 
 
 def test_jobs_keep_the_oracle_plan_sharers_together() -> None:
@@ -47,9 +168,24 @@ def test_absent_shared_traces_are_skipped_with_a_line(tmp_path: Path) -> None:
     assert len(lines) == 3 and all("not found" in line for line in lines)
 
 
+def test_a_shared_trace_is_replayed_once_per_seed(tmp_path: Path) -> None:
+    folder = tmp_path / "azure_llm_2023"
+    folder.mkdir()
+    (folder / "AzureLLMInferenceTrace_code.csv").write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4808,10\n"
+        "2023-11-16 18:17:04.0319600,3180,8\n")
+    lines: list[str] = []
+    items = suite.shared_items(tmp_path, say=lines.append, seeds=3)
+    # At 16x the recorded rate its copies' offsets are drawn: one replay per seed.
+    assert [(i.name, i.seed) for i in items] == [
+        ("azure-code-x16", seed) for seed in range(suite.SHARED_SEED, suite.SHARED_SEED + 3)]
+    assert len(lines) == 2  # conv and ServeGen are absent
+
+
 def test_bad_arguments_exit_2(tmp_path: Path) -> None:
     assert suite.main(["--out", str(tmp_path), "--quick", "--strategies", "magic"]) == 2
     assert suite.main(["--out", str(tmp_path), "--quick", "--workers", "0"]) == 2
+    assert suite.main(["--out", str(tmp_path), "--quick", "--seeds", "0"]) == 2
     assert suite.main(["--out", str(tmp_path), "--quick", "--only", "nothing"]) == 2
 
 
