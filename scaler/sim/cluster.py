@@ -15,6 +15,30 @@ from scaler.engine import types as engine_types
 from scaler.sim import profiles, traces
 
 PodPhase = Literal["pending", "starting", "ready", "draining", "gone"]
+# How a model's requests reach its replicas (`SimCluster.dispatch`, the fleet file's
+# `dispatch`):
+# - "push": a Kubernetes Service (or gateway) in front of vLLM. Each request is sent at
+#   arrival to the least-loaded ready replica and waits in that replica's own queue; a
+#   replica removed by a scale-down keeps its queue and is killed with it at the end of
+#   its grace period.
+# - "queue": a work queue the replicas pull from, as batch inference fed from a NATS
+#   JetStream work-queue stream: one pull consumer shared by the replicas, which hands out
+#   messages in stream order, each replica fetching one only when it can start it now
+#   (one per free batch slot: at most max_batch unacknowledged at a replica, 256 for the
+#   8B profile, so 12 replicas hold at most 3,072, within a consumer MaxAckPending of at
+#   least that; everything beyond waits in the stream, the consumer's num_pending, and a
+#   message is acknowledged when its answer is done). Arrivals wait in the model's one
+#   shared FIFO queue (`SimCluster.gateway`); a ready replica takes its head only when
+#   `_admit`'s rules admit it at once (a batch slot, KV room, prefill backlog below one
+#   step), so nothing waits at a replica. A removed replica fetches nothing more and
+#   holds only the answers it started: at its grace period's end only those are cut, and
+#   the queue it never took stays for the others. Example: 4 replicas running 30 each
+#   with 200 waiting, one removed: push keeps the ~50 of the 200 queued at it and loses
+#   up to 80 at the kill (its 30 and those 50); queue loses at most its 30, and the 200
+#   go to the other three. (JetStream would redeliver a cut message after its AckWait;
+#   the simulator counts it cut and retries nothing, as in push mode.)
+Dispatch = Literal["push", "queue"]
+DISPATCH_MODES: tuple[Dispatch, ...] = ("push", "queue")
 
 # The Kubernetes cluster autoscaler removes a node that has been unneeded this long
 # (--scale-down-unneeded-time default 10 min).
@@ -106,7 +130,8 @@ class SimCluster:
     Time advances in fixed steps of `dt` seconds. Within a step each replica is a fluid
     continuous-batching server (see `_serve`); arrivals are routed at step boundaries to
     the least-loaded ready replica, so a request waits on average dt/2 before its
-    replica sees it (0.05 s at the default 0.1 s step).
+    replica sees it (0.05 s at the default 0.1 s step). `dispatch="queue"`: arrivals wait
+    in one shared queue that the replicas pull from when they have room (`Dispatch`).
     """
 
     def __init__(
@@ -120,9 +145,14 @@ class SimCluster:
         gpus_per_replica: int | None = None,
         warmup_s: float = 0.0,
         grace_s: float = TERMINATION_GRACE_S,
+        dispatch: Dispatch = "push",
     ) -> None:
+        if dispatch not in DISPATCH_MODES:
+            raise ValueError(f"dispatch must be one of {', '.join(DISPATCH_MODES)}, "
+                             f"not {dispatch!r}")
         self.trace = trace
         self.grace_s = grace_s
+        self.dispatch: Dispatch = dispatch
         self.profile = profile
         self.pool = pool
         self.dt = dt
@@ -155,6 +185,8 @@ class SimCluster:
         self.first_token = np.full(n, np.nan)
         self.done = np.full(n, np.nan)
         self.next_arrival = 0
+        # Push dispatch: requests held while no replica is ready (an activator's buffer),
+        # routed when one is. Queue dispatch: the model's shared work queue, FIFO.
         self.gateway: deque[int] = deque()
         self.active: IntArray = np.zeros(0, dtype=np.int64)
         self.completed = 0
@@ -314,14 +346,15 @@ class SimCluster:
                 self._cut(slot)
                 self._release(pod, now=now)
         self._autoscale_nodes(now=now)
-        if became_ready and self.gateway:
+        if became_ready and self.gateway and self.dispatch == "push":
             held = list(self.gateway)
             self.gateway.clear()
             for request in held:
                 self._route(request)
 
     def _cut(self, slot: int) -> None:
-        """Kill a draining replica: the requests running and queued at it are lost."""
+        """Kill a draining replica: the requests running and queued at it are lost (with
+        queue dispatch nothing is queued at a replica: only its running ones)."""
         held = self.active[self.replica[self.active] == slot]
         queued = np.fromiter(self.queues[slot], dtype=np.int64, count=len(self.queues[slot]))
         lost = np.concatenate((held, queued))
@@ -427,8 +460,9 @@ class SimCluster:
     # ----- requests --------------------------------------------------------------------
 
     def _route(self, request: int) -> None:
-        """Send a request to the least-loaded ready replica (queued + running), or hold it."""
-        if not self.ready_slots:
+        """Send a request to the least-loaded ready replica (queued + running), or hold it;
+        with queue dispatch, put it at the end of the shared queue."""
+        if self.dispatch == "queue" or not self.ready_slots:
             self.gateway.append(request)
             return
         load = self.load
@@ -444,6 +478,7 @@ class SimCluster:
         tokens is below one step of prefill (25,000 tok/s x 0.1 s = 2,500 tokens for the
         8B profile). So `waiting` is what vLLM reports as num_requests_waiting, and a
         burst of 700 long prompts shows up as a queue, not as 700 running requests.
+        With queue dispatch the replicas take from the shared queue instead (`_pull`).
         """
         profile = self.profile
         cap = float(profile.kv_cache_tokens)
@@ -451,28 +486,69 @@ class SimCluster:
         admitted: list[int] = []
         need = self.kv_need
         prompt = self.input_tokens
-        for slot in self.serving_slots:
-            queue = self.queues[slot]
-            if not queue:
-                continue
-            running = self.running[slot]
-            used = self.kv_used[slot]
-            backlog = self.prefill_backlog[slot]
-            while queue and running < profile.max_batch and backlog < step_prefill:
-                request = queue[0]
-                if used + need[request] > cap + 1e-6:
-                    break
-                queue.popleft()
-                running += 1
-                used += need[request]
-                backlog += prompt[request]
-                self.replica[request] = slot
-                admitted.append(request)
-            self.running[slot] = running
-            self.kv_used[slot] = used
-            self.prefill_backlog[slot] = backlog
+        if self.dispatch == "queue":
+            admitted = self._pull(cap=cap, step_prefill=step_prefill)
+        else:
+            for slot in self.serving_slots:
+                queue = self.queues[slot]
+                if not queue:
+                    continue
+                running = self.running[slot]
+                used = self.kv_used[slot]
+                backlog = self.prefill_backlog[slot]
+                while queue and running < profile.max_batch and backlog < step_prefill:
+                    request = queue[0]
+                    if used + need[request] > cap + 1e-6:
+                        break
+                    queue.popleft()
+                    running += 1
+                    used += need[request]
+                    backlog += prompt[request]
+                    self.replica[request] = slot
+                    admitted.append(request)
+                self.running[slot] = running
+                self.kv_used[slot] = used
+                self.prefill_backlog[slot] = backlog
         if admitted:
             self.active = np.concatenate((self.active, np.asarray(admitted, dtype=np.int64)))
+
+    def _pull(self, *, cap: float, step_prefill: float) -> list[int]:
+        """Queue dispatch: while the shared queue's head fits a ready replica now (a batch
+        slot, KV room for its prompt and answer, a prefill backlog below one step, as
+        `_admit`), that replica takes it; FIFO, so a head that fits nowhere waits and so
+        does everything behind it. A draining replica is not ready: it takes nothing.
+
+        Of the replicas it fits, the one running fewest takes it (ties: the first ready),
+        so equal replicas share the queue as least-outstanding routing shares arrivals.
+        Example (8B profile, one step of prefill 2,500 tokens): replicas running 40 and 10
+        -> the one running 10; if that one still has 2,600 prompt tokens to prefill, the
+        one running 40; both running 256 (max_batch) -> the head waits for a finish.
+        """
+        queue = self.gateway
+        takers = self.ready_slots
+        if not queue or not takers:
+            return []
+        max_batch = self.profile.max_batch
+        running, used, backlog, load = self.running, self.kv_used, self.prefill_backlog, self.load
+        admitted: list[int] = []
+        while queue:
+            request = queue[0]
+            room = cap + 1e-6 - float(self.kv_need[request])
+            best, fewest = -1, max_batch
+            for slot in takers:
+                if running[slot] < fewest and backlog[slot] < step_prefill and (
+                        used[slot] <= room):
+                    best, fewest = slot, running[slot]
+            if best < 0:
+                break
+            queue.popleft()
+            running[best] += 1
+            load[best] += 1
+            used[best] += float(self.kv_need[request])
+            backlog[best] += float(self.input_tokens[request])
+            self.replica[request] = best
+            admitted.append(request)
+        return admitted
 
     def _serve(self, now: float) -> tuple[float, float]:
         """Advance every replica's batch by one step of dt; return tokens and busy replicas.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,6 +12,7 @@ import numpy.typing as npt
 
 from scaler.core import histogram as signal_histogram
 from scaler.core import vocabulary
+from scaler.engine import spare as engine_spare
 from scaler.engine import types as engine_types
 from scaler.signals import samples as signal_samples
 from scaler.signals import store as signal_store
@@ -20,6 +22,11 @@ from scaler.sim import cluster as sim_cluster
 # the p95 the engine sees is interpolated inside these, as histogram_quantile does.
 VLLM_LATENCY_BUCKETS = signal_histogram.VLLM_TTFT_BUCKETS
 GATEWAY_SOURCE = "gateway"
+# The source of a queue-dispatch model's shared queue (`cluster.Dispatch`), as the
+# service's JetStream source reports a consumer's lag ('jetstream/<stream>/<consumer>'):
+# the model's reading, no replica's, so it is in the queue depth the engine sums but not
+# in any replica's work (`replica_work`).
+WORK_QUEUE_SOURCE = "jetstream/requests/workers"
 
 
 @dataclass(slots=True)
@@ -31,7 +38,10 @@ class SignalFeed:
     prefilled tokens over the last `rate_window_s`), and a latency histogram (vLLM
     buckets) of its requests over the last `latency_window_s`. The gateway (source
     `gateway`) publishes the requests held while no replica is ready and the arrival
-    rate. Samples reach the real SignalStore `delay_s` after they were measured (publish
+    rate; with queue dispatch the shared queue (its depth and the arrival rate, as a
+    JetStream consumer's lag and stream rate) is published under `WORK_QUEUE_SOURCE`
+    instead, and each pod's queue_depth is 0: nothing waits at a replica. Samples reach
+    the real SignalStore `delay_s` after they were measured (publish
     + NATS + ingestion), and the engine reads
     `SignalStore.snapshot`, so merging, freshness and staleness are the service's own.
     """
@@ -111,11 +121,12 @@ class SignalFeed:
                     metric=self.latency_metric))
         arrivals = cluster.window(cluster.history.arrivals, start=now - self.rate_window_s,
                                   end=now)
-        samples.append(signal_samples.Sample(key, signal.QUEUE_DEPTH, GATEWAY_SOURCE, ts,
+        front = WORK_QUEUE_SOURCE if cluster.dispatch == "queue" else GATEWAY_SOURCE
+        samples.append(signal_samples.Sample(key, signal.QUEUE_DEPTH, front, ts,
                                              float(len(cluster.gateway))))
         if self.gateway_arrival_rate:
             samples.append(signal_samples.Sample(
-                key, signal.ARRIVAL_RATE, GATEWAY_SOURCE, ts,
+                key, signal.ARRIVAL_RATE, front, ts,
                 float(arrivals.sum()) / max(arrivals.size * cluster.dt, cluster.dt)))
         return samples
 
@@ -167,11 +178,22 @@ class SignalFeed:
                                    latency_metric=self.latency_metric)
 
 
+def replica_work(work: Mapping[str, engine_spare.PodWork]) -> dict[str, engine_spare.PodWork]:
+    """The work of the sources that are replicas (or a gateway holding requests for
+    them): without a work queue's reading (`WORK_QUEUE_SOURCE`, also as a variant's
+    '<variant>/jetstream/...'), as the service's `pod_work` keeps only replicas' sources.
+    A request waiting in the shared queue is lost with no replica's removal, so it makes
+    no replica busy."""
+    return {source: each for source, each in work.items()
+            if not source.endswith(WORK_QUEUE_SOURCE)}
+
+
 def cluster_state(cluster: sim_cluster.SimCluster, *, start_epoch_s: float, now: float
                   ) -> engine_types.ClusterState:
     """What the service's cluster reader would see of the simulated pods at `now` (trace
     seconds): spec.replicas, ready, starting (creation epochs), free GPU slots on ready
-    nodes and the last 20 observed cold starts (epoch times, as a pod's timeline has)."""
+    nodes, the last 20 observed cold starts (epoch times, as a pod's timeline has) and
+    the pods' grace period."""
     pods = cluster.replicas()
     starting = tuple(start_epoch_s + p.created_at for p in pods if p.phase != "ready")
     observations = tuple(
@@ -185,4 +207,5 @@ def cluster_state(cluster: sim_cluster.SimCluster, *, start_epoch_s: float, now:
         starting=starting,
         free_replica_slots=cluster.free_replica_slots(now=now),
         observations=observations,
+        grace_period_s=cluster.grace_s,
     )

@@ -89,6 +89,12 @@ class FleetModel(policy_model._Model):
         "long a replica removed by a scale-down drains what it holds before the rest is "
         "cut. Whole seconds, 0 to 86,400; default 30, Kubernetes' own. 0: cut at SIGTERM "
         "(vLLM's default --shutdown-timeout 0).")
+    dispatch: sim_cluster.Dispatch = Field(
+        default="push", description="How requests reach the model's replicas (every "
+        "variant's, each its own queue): push, a Service routing each arrival to the "
+        "least-loaded replica's own queue (an online model behind vLLM); queue, a work "
+        "queue the replicas pull from when they have room (batch fed from a JetStream "
+        "work-queue stream), so a removed replica holds only the answers it started.")
 
 
 class FleetReservation(policy_model._Model):
@@ -138,6 +144,7 @@ class Member:
     feasible: frozenset[int]
     parts: tuple[Part, ...] = ()
     grace_s: float = sim_cluster.TERMINATION_GRACE_S
+    dispatch: sim_cluster.Dispatch = "push"
 
     @property
     def key(self) -> str:
@@ -288,7 +295,8 @@ def load_fleet(path: Path, *, seed: int = 0) -> Fleet:
         members.append(Member(policy=policy, profile=profile, trace=trace, pool=pool_name,
                               metric=metric, threshold_s=threshold,
                               feasible=frozenset(windows), parts=parts,
-                              grace_s=float(entry.termination_grace_period_seconds)))
+                              grace_s=float(entry.termination_grace_period_seconds),
+                              dispatch=entry.dispatch))
     keys = [m.key for m in members]
     twice = sorted({k for k in keys if keys.count(k) > 1})
     if twice:
@@ -631,7 +639,10 @@ class Router:
                 cluster.routed -= len(cluster.gateway)
                 cluster.gateway.clear()
         end = int(np.searchsorted(self.parts[0].arrival, now, side="right"))
-        loads = [sum(c.load[s] for s in c.ready_slots) for c in self.parts]
+        # A variant's load: its ready replicas' queued and running requests, plus its
+        # shared queue with queue dispatch (with push dispatch the gateway holds requests
+        # only while no replica is ready, when its load is not read).
+        loads = [sum(c.load[s] for s in c.ready_slots) + len(c.gateway) for c in self.parts]
         ready = [len(c.ready_slots) for c in self.parts]
         fallback = max(range(len(self.parts)),
                        key=lambda i: (self.parts[i].spec_replicas * self.capacities[i], -i))
@@ -915,7 +926,7 @@ def replay(fleet: Fleet, *, strategy: str, dt: float = 0.1,
                     shared=shared[part.pool], trace=member.trace, profile=part.profile,
                     pool=pool, initial_replicas=starts[part.key], dt=dt,
                     gpus_per_replica=part.gpus_per_replica, warmup_s=run.WARMUP_S,
-                    grace_s=member.grace_s)
+                    grace_s=member.grace_s, dispatch=member.dispatch)
             routers[member.key] = Router(
                 parts=tuple(cast(VariantCluster, clusters[k]) for k in member.cluster_keys),
                 capacities=tuple(p.capacity for p in member.parts))
@@ -934,7 +945,7 @@ def replay(fleet: Fleet, *, strategy: str, dt: float = 0.1,
             shared=shared[member.pool], trace=member.trace, profile=member.profile,
             pool=pool, initial_replicas=_start_replicas(member, pool), dt=dt,
             gpus_per_replica=member.gpus_per_replica, warmup_s=run.WARMUP_S,
-            grace_s=member.grace_s)
+            grace_s=member.grace_s, dispatch=member.dispatch)
         if strategy == "scaler":
             engines[member.key] = scaler_strategy.ScalerStrategy(
                 member.policy, start_epoch_s=member.trace.start_s,

@@ -62,14 +62,15 @@ class ScalerStrategy:
     def work(self, *, now: float) -> dict[str, engine_spare.PodWork]:
         """Each source's fresh in-flight and queued requests in the store at `now`, as
         the service's `pod_work` reads them (sources are the feed's `pod-<slot>`; a
-        model with variants has '<variant>/pod-<slot>')."""
+        model with variants has '<variant>/pod-<slot>'; a work queue's depth is the
+        model's, no replica's, and left out: `feed.replica_work`)."""
         store, key = self.feed.store, self.policy.key
         at, stale = self.start_epoch_s + now, self.policy.spec.stale_after_seconds
-        return engine_spare.work_by_source(
+        return sim_feed.replica_work(engine_spare.work_by_source(
             in_flight=store.per_source(key, vocabulary.Signal.IN_FLIGHT, now=at,
                                        stale_after_s=stale),
             queue_depth=store.per_source(key, vocabulary.Signal.QUEUE_DEPTH, now=at,
-                                         stale_after_s=stale))
+                                         stale_after_s=stale)))
 
     def cluster_state(self, cluster: sim_cluster.SimCluster, *, now: float
                       ) -> engine_types.ClusterState:
