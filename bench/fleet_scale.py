@@ -18,6 +18,10 @@ bench/signals_ingest.py, and not counted here). Then, per cycle (the clock moves
   once (`notify_all`, then `idle`) against an in-memory cluster at the ClusterReader /
   ReplicaActuator seam (tests/service/fakes.FakeCluster): tasks, semaphore, state,
   history and the arbitration included; API round trips are not (docs/scaling.md).
+- scrape: after the last reactor cycle, one `/metrics` scrape of the service's state
+  (`generate_latest` over the service's registry, as `http_api` answers it): CPU seconds
+  (the least of three), of which the state collector's walk, the body's size and series.
+  Not in the cycle: it takes the same core once every scrape interval (15 s in the chart).
 
 Times are CPU seconds of this process (`time.process_time`, so a busy shared machine
 inflates them less than wall time; wall time of the reactor cycle is printed beside).
@@ -49,6 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import exposition
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scaler.core import vocabulary  # noqa: E402
@@ -58,8 +64,8 @@ from scaler.engine import types  # noqa: E402
 from scaler.policy import fleet as policy_fleet  # noqa: E402
 from scaler.policy import model  # noqa: E402
 from scaler.service import arbiter as fleet_arbiter  # noqa: E402
+from scaler.service import observability, runner  # noqa: E402
 from scaler.service import reactor as service_reactor  # noqa: E402
-from scaler.service import runner  # noqa: E402
 from scaler.service import state as service_state  # noqa: E402
 from scaler.signals import messages, store  # noqa: E402
 from tests.service import fakes  # noqa: E402
@@ -194,11 +200,43 @@ def arbitrate_alone(instance: Instance) -> float:
     return time.process_time() - started
 
 
+@dataclass
+class ReactorRun:
+    """Per reactor cycle: CPU and wall seconds, the collector's CPU seconds in it and the
+    evaluations it made; and one `/metrics` scrape of the state after the last cycle."""
+
+    cpu: list[float] = field(default_factory=list)
+    wall: list[float] = field(default_factory=list)
+    collected: list[float] = field(default_factory=list)
+    evaluations: list[int] = field(default_factory=list)
+    scrape: dict[str, float] = field(default_factory=dict)
+
+
+def scrape(state: service_state.ServiceState, *, now: float) -> dict[str, float]:
+    """CPU seconds of one `/metrics` scrape as the service answers it (`generate_latest`
+    over the registry `scaler run` builds, without the process collector), of the
+    state collector's walk alone, and the body's size: the least of three, each after a
+    full collection (the collector's share depends on what the cycles left)."""
+    registry = observability.make_registry(state, clock=lambda: now, process=False)
+    collect_s, total_s = [], []
+    for _ in range(3):
+        gc.collect()
+        started = time.process_time()
+        families = list(registry.collect())
+        collect_s.append(time.process_time() - started)
+        gc.collect()
+        started = time.process_time()
+        body = exposition.generate_latest(registry)
+        total_s.append(time.process_time() - started)
+    return {"scrape_cpu_s": round(min(total_s), 3),
+            "scrape_collect_cpu_s": round(min(collect_s), 3),
+            "scrape_mib": round(len(body) / 2**20, 1),
+            "scrape_series": sum(len(f.samples) for f in families)}
+
+
 async def reactor_cycles(policies: list[model.ScalePolicy], fleet: policy_fleet.Fleet, *,
-                         models: int, cycles: int
-                         ) -> tuple[list[float], list[float], list[float], list[int]]:
-    """CPU and wall seconds of each full reactor cycle, the collector's CPU seconds in
-    it, and the evaluations it made."""
+                         models: int, cycles: int) -> ReactorRun:
+    """The reactor evaluating every model once a cycle, `cycles` times, then one scrape."""
     clock = {"now": START}
     signal_store = store.SignalStore()
     state = service_state.ServiceState()
@@ -211,10 +249,8 @@ async def reactor_cycles(policies: list[model.ScalePolicy], fleet: policy_fleet.
     reactor.set_policies({p.key: p for p in policies}, fleet=fleet)
     gc.collect()
     runner.tune_collector()
-    cpu: list[float] = []
-    wall: list[float] = []
+    run = ReactorRun()
     collector = CollectorTime()
-    collected, evaluations = [], []
     gc.callbacks.append(collector.callback)
     try:
         for cycle in range(cycles):
@@ -226,13 +262,14 @@ async def reactor_cycles(policies: list[model.ScalePolicy], fleet: policy_fleet.
             collector.total_s, done = 0.0, reactor.evaluations
             reactor.notify_all()
             await reactor.idle()
-            cpu.append(time.process_time() - started_cpu)
-            wall.append(time.perf_counter() - started_wall)
-            collected.append(collector.total_s)
-            evaluations.append(reactor.evaluations - done)
+            run.cpu.append(time.process_time() - started_cpu)
+            run.wall.append(time.perf_counter() - started_wall)
+            run.collected.append(collector.total_s)
+            run.evaluations.append(reactor.evaluations - done)
     finally:
         gc.callbacks.remove(collector.callback)
-    return cpu, wall, collected, evaluations
+    run.scrape = scrape(state, now=clock["now"] + CYCLE_S / 2)
+    return run
 
 
 @dataclass
@@ -273,8 +310,10 @@ def measure(models: int, *, cycles: int, pools: int, tenants: int) -> dict[str, 
         grants = [instance.arbiter.grant(p.key) for p in instance.policies]
         capped_by_cycle.append(
             sum(1 for g in grants if g is not None and g.reason.startswith("capped")))
-    reactor_cpu, reactor_wall, collected, evaluations = asyncio.run(
+    run = asyncio.run(
         reactor_cycles(instance.policies, instance.fleet, models=models, cycles=cycles))
+    reactor_cpu, reactor_wall, collected, evaluations = (run.cpu, run.wall, run.collected,
+                                                         run.evaluations)
     gc.unfreeze()
     steady = steady_from(instance.policies)
     result: dict[str, Any] = {"models": models, "pools": pools,
@@ -297,6 +336,8 @@ def measure(models: int, *, cycles: int, pools: int, tenants: int) -> dict[str, 
             f"{prefix}reactor_per_evaluation_us": round(
                 sum(reactor) / sum(evaluations[part]) * 1e6, 1),
         })
+    result.update(run.scrape)
+    result["scrape_per_model_us"] = round(run.scrape["scrape_cpu_s"] / models * 1e6, 1)
     return result
 
 

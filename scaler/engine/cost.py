@@ -16,9 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scaler.engine import types
+
 SECONDS_PER_HOUR = 3600.0
 
 
+# Built twice per cost accrual of every evaluation (`of_gpu_time`, `__add__`): the
+# dataclass __init__ was about half of each (1.4 us of 2.6 for an addition).
+@types.fast_init
 @dataclass(frozen=True, slots=True)
 class Cost:
     """GPU time and its price, additive: the cost of two intervals is their sum.

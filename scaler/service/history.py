@@ -84,6 +84,7 @@ def classify(*, current: int, desired: int, held: bool, outcome: str | None) -> 
     return EventReason.SIGNALS_STALE if held else EventReason.HELD
 
 
+@types.fast_init  # built every evaluation
 @dataclass(frozen=True, slots=True)
 class ClampChange:
     """A clamp as the history keeps it (its detail text stays in the decision document)."""
@@ -93,6 +94,7 @@ class ClampChange:
     after: int
 
 
+@types.fast_init  # built every evaluation
 @dataclass(frozen=True, slots=True)
 class Event:
     """What one decision did, in the fields `explain.in_words` reads (same names as in
@@ -128,11 +130,12 @@ def event_of(decision: types.Decision, *, outcome: str | None, apply_reason: str
         recommendation=decision.recommendation,
         winner=None if decision.winner is None else str(decision.winner),
         held=decision.held,
-        clamps=tuple(ClampChange(name=str(c.name), before=c.before, after=c.after)
-                     for c in decision.clamps),
+        clamps=tuple([ClampChange(name=str(c.name), before=c.before, after=c.after)
+                      for c in decision.clamps]),
         outcome=outcome, apply_reason=apply_reason[:MAX_APPLY_REASON])
 
 
+@types.fast_init  # built every evaluation
 @dataclass(frozen=True, slots=True)
 class Entry:
     """An event seen `count` times in a row, first at `first_at`, last at `last_at`

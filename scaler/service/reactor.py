@@ -38,6 +38,10 @@ FLEET_COALESCE_S = 0.1
 # arbitration never takes more than a fifth of the core, however fast asks change.
 FLEET_MAX_CPU_SHARE = 0.2
 
+# A model's engine state before its first decision: frozen, so one serves every model (an
+# EngineState of 21 fields built per evaluation and thrown away when the model has one).
+_FIRST_STATE = types.EngineState()
+
 
 class SnapshotSource(Protocol):
     """The part of the signal store the reactor reads."""
@@ -214,7 +218,7 @@ class Reactor:
         now = self.wall_clock()
         cluster = self.arbiter.capped(policy, cluster, now=now)
         spec = policy.spec
-        engine_state = self._engine.get(key, types.EngineState())
+        engine_state = self._engine.get(key, _FIRST_STATE)
         try:
             snapshot = self.store.snapshot(key, now=now, stale_after_s=spec.stale_after_seconds,
                                            latency_metric=spec.latency_metric)

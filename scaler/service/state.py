@@ -6,8 +6,10 @@ The reactor writes here after every evaluation; the external metrics API, `/metr
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ TENANT_LABEL = model.TENANT_LABEL
 COST_CENTER_LABEL = model.COST_CENTER_LABEL
 
 
+@types.fast_init  # built every evaluation
 @dataclass(frozen=True, slots=True)
 class VariantObservation:
     """One variant of a model with spec.variants at an evaluation (`service.variants`):
@@ -49,6 +52,7 @@ class VariantObservation:
     gpu_sm_active: float | None = None
 
 
+@types.fast_init  # built every evaluation
 @dataclass(frozen=True, slots=True)
 class Observation:
     """One evaluation: what was seen (snapshot, cluster) and decided, at wall time `at`;
@@ -340,16 +344,22 @@ class Durations:
     is how many took at most `bounds[i]`."""
 
     bounds: tuple[float, ...] = EVALUATION_BUCKETS_S
-    counts: list[int] = field(default_factory=lambda: [0] * len(EVALUATION_BUCKETS_S))
+    # How many fell in each bucket alone (above the previous bound, at most this one):
+    # one count an observation, once an evaluation, summed into `counts` once a scrape.
+    in_bucket: list[int] = field(default_factory=lambda: [0] * len(EVALUATION_BUCKETS_S))
     count: int = 0
     total_s: float = 0.0
 
     def observe(self, seconds: float) -> None:
         self.count += 1
         self.total_s += seconds
-        for index, bound in enumerate(self.bounds):
-            if seconds <= bound:
-                self.counts[index] += 1
+        index = bisect.bisect_left(self.bounds, seconds)  # the first bound >= seconds
+        if index < len(self.in_bucket):
+            self.in_bucket[index] += 1
+
+    @property
+    def counts(self) -> list[int]:
+        return list(itertools.accumulate(self.in_bucket))
 
 
 class ServiceState:

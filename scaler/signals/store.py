@@ -22,6 +22,16 @@ SeriesKey = tuple[vocabulary.Signal, vocabulary.LatencyMetric | None]
 SOURCES_FULL = "sources_full"
 """Refusal reason: a new source for a model whose series already holds `max_sources`."""
 
+_SNAPSHOT_SERIES: dict[vocabulary.LatencyMetric,
+                       tuple[tuple[vocabulary.Signal, str, SeriesKey], ...]] = {
+    metric: tuple((signal, signal.value,
+                   (signal, metric if signal is vocabulary.Signal.P95_LATENCY else None))
+                  for signal in vocabulary.DEMAND_SIGNALS)
+    for metric in vocabulary.LatencyMetric}
+"""Per latency metric, each demand signal, its `SignalSnapshot` field (named by its value,
+`vocabulary.DEMAND_SIGNALS`) and the series a snapshot reads it from (latency from its
+metric's series), built once rather than per snapshot."""
+
 
 @dataclass(frozen=True, slots=True)
 class StoreLimits:
@@ -59,36 +69,47 @@ def combine(
     the newest contributing sample; freshness is decided here, once. None when no sample
     has a value.
     """
-    # `Sample.missing` spelled out: a property call a sample, about 8 a snapshot.
-    valued = [s for s in values if s.value is not None or s.histogram is not None]
+    # One pass over the samples (four series a snapshot, one snapshot an evaluation), not
+    # a list per step; `Sample.missing` spelled out (a property call a sample).
+    quantile_rule = signal.combine is vocabulary.Combine.QUANTILE
+    valued = 0
+    newest = -math.inf
+    numbers: list[float] = []  # latency: the values of p95-only sources; else every value
+    shapes: list[histogram.Histogram] = []  # latency: the histograms
+    for sample in values:
+        value, shape = sample.value, sample.histogram
+        if value is None and shape is None:
+            continue
+        valued += 1
+        if sample.ts > newest:
+            newest = sample.ts
+        if quantile_rule and shape is not None:
+            shapes.append(shape)
+        elif value is not None:
+            numbers.append(value)
     if not valued:
         return None
-    newest = max([s.ts for s in valued])  # a list: faster than a generator for a few
-    rule = signal.combine
     combined: float
     merged: histogram.Histogram | None = None
-    if rule is vocabulary.Combine.QUANTILE:
-        p95_only = [s.value for s in valued if s.histogram is None and s.value is not None]
-        merged = histogram.merge_histograms([s.histogram for s in valued
-                                             if s.histogram is not None])
+    if quantile_rule:
+        merged = histogram.merge_histograms(shapes)
         from_histogram = None if merged is None else merged.quantile(quantile)
         if from_histogram is None:
             merged = None
-        elif p95_only and max(p95_only) > from_histogram:
+        elif numbers and max(numbers) > from_histogram:
             merged = None  # a p95-only source is worse: the buckets do not tell its story
-        candidates = p95_only + ([] if from_histogram is None else [from_histogram])
+        candidates = numbers + ([] if from_histogram is None else [from_histogram])
         if not candidates:
             return None
         combined = max(candidates)
     else:
-        numbers = [s.value for s in valued if s.value is not None]
         if not numbers:
             return None
         combined = math.fsum(numbers)
-        if rule is vocabulary.Combine.MEAN:
+        if signal.combine is vocabulary.Combine.MEAN:
             combined /= len(numbers)
     return types.SignalValue.assess(combined, age_s=max(0.0, now - newest),
-                                    stale_after_s=stale_after_s, sources=len(valued),
+                                    stale_after_s=stale_after_s, sources=valued,
                                     histogram=merged)
 
 
@@ -243,18 +264,20 @@ class SignalStore:
         latency_metric: vocabulary.LatencyMetric = vocabulary.DEFAULT_LATENCY_METRIC,
     ) -> types.SignalSnapshot:
         """What the engine sees for `model` at `now`: each demand signal with its age."""
-        # The model's series looked up once, not once per signal (seven a snapshot, one
-        # snapshot per evaluation: 10,000 models a cycle in bench/fleet_scale.py).
+        # The model's series looked up once, and only the series it has combined (four of
+        # eight in bench/fleet_scale.py: one snapshot an evaluation, 10,000 a cycle); an
+        # empty series combines to None, the snapshot's default.
         series = self._models.get(model)
         if series is None:
             return types.SignalSnapshot()  # nothing stored: every signal missing
-        latency = vocabulary.Signal.P95_LATENCY  # read through its class once, not 7 times
-        return types.SignalSnapshot.of({
-            signal: self._combined(
-                signal, series.get((signal, latency_metric if signal is latency else None)),
-                now=now, stale_after_s=stale_after_s)
-            for signal in vocabulary.DEMAND_SIGNALS
-        })
+        values: dict[str, types.SignalValue] = {}
+        for signal, name, series_key in _SNAPSHOT_SERIES[latency_metric]:
+            latest = series.get(series_key)
+            if latest:
+                value = self._combined(signal, latest, now=now, stale_after_s=stale_after_s)
+                if value is not None:
+                    values[name] = value
+        return types.SignalSnapshot(**values)
 
     # -- housekeeping -------------------------------------------------------------------
 
