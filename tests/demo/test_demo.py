@@ -74,9 +74,10 @@ async def test_reader_reports_the_simulated_pods() -> None:
     model = simulated(initial=2)
     backend = demo_cluster.backend({model.key: model})
     state = await backend.reader.read(model.policy)
-    # Two ready replicas on one booted 8-GPU node: six more fit without a node boot.
+    # Two ready replicas on one booted 8-GPU node: six more fit without a node boot; a
+    # removed one drains for Kubernetes' default grace period.
     assert state == types.ClusterState(current=2, ready=2, starting=(), free_replica_slots=6,
-                                       observations=())
+                                       observations=(), grace_period_s=30.0)
     assert backend.leader.is_leader
 
 
