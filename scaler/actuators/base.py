@@ -48,6 +48,11 @@ class ApplyOutcome:
     def written(self) -> bool:
         return self.outcome is Outcome.APPLIED
 
+    def left_to_owner(self, decision: types.Decision) -> bool:
+        """A part of a mix its HPA owns that the mix (`decision`) leaves as it is: not
+        written, and no refusal (`KubeReplicaActuator.apply_all`, `service.variants`)."""
+        return self.owner is not None and not decision.changed
+
 
 @runtime_checkable
 class ClusterReader(Protocol):

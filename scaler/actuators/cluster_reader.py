@@ -387,17 +387,20 @@ class KubeClusterReader:
                     f"(last error: {late.last_error})")
         return None
 
+    def _pods_read(self, policy: model.ScalePolicy
+                   ) -> tuple[frozenset[str], frozenset[str]] | None:
+        return self._target_pods.get(
+            resources.target_ref(policy, plurals=self.settings.resource_plurals).key)
+
     def pod_names(self, policy: model.ScalePolicy) -> frozenset[str] | None:
         """Names of the live pods the target's Scale selector selected at its latest
         `read` (None before one, or when its Scale shows no selector)."""
-        found = self._target_pods.get(
-            resources.target_ref(policy, plurals=self.settings.resource_plurals).key)
+        found = self._pods_read(policy)
         return None if found is None else found[0]
 
     def ready_pod_names(self, policy: model.ScalePolicy) -> frozenset[str] | None:
         """The ready ones among `pod_names` (None as there)."""
-        found = self._target_pods.get(
-            resources.target_ref(policy, plurals=self.settings.resource_plurals).key)
+        found = self._pods_read(policy)
         return None if found is None else found[1]
 
     async def read(self, policy: model.ScalePolicy) -> types.ClusterState:

@@ -284,7 +284,7 @@ class KubeReplicaActuator:
         refused = next((o for o, (_, decision) in zip(out, parts, strict=True)
                         if o is not None and o.outcome not in (
                             base.Outcome.UNCHANGED, base.Outcome.DRY_RUN)
-                        and not (o.owner is not None and not decision.changed)), None)
+                        and not o.left_to_owner(decision)), None)
         ready = [(i, c) for i, c in enumerate(checked) if isinstance(c, _Checked)]
         ready.sort(key=lambda item: item[1].decision.desired < item[1].current)
         for i, item in ready:

@@ -179,11 +179,6 @@ def every_owner_checked(policy: model.ScalePolicy,
         outcome.owner is not None or outcome.previous is not None for outcome in outcomes)
 
 
-def _left_to_owner(outcome: actuators.ApplyOutcome, decision: types.Decision) -> bool:
-    """A part its HPA owns that the mix leaves as it is: not written, and no refusal."""
-    return outcome.owner is not None and not decision.changed
-
-
 def owners_after(policy: model.ScalePolicy, outcomes: Sequence[actuators.ApplyOutcome], *,
                  before: Mapping[str, str] | None) -> dict[str, str]:
     """Variant name -> its target's HPA or ScaledObject, after a write of the mix.
@@ -211,7 +206,7 @@ async def apply(actuator: actuators.ReplicaActuator, items: Sequence[Part]
     out = []
     for view, decision in items:
         out.append(await actuator.apply(view, decision))
-        if out[-1].outcome not in _GO_ON and not _left_to_owner(out[-1], decision):
+        if out[-1].outcome not in _GO_ON and not out[-1].left_to_owner(decision):
             break
     return out
 
