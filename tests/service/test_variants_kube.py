@@ -250,9 +250,12 @@ async def test_each_variant_in_status_metrics_explain_and_its_own_pool(
                 and all(r.get("gpuHours", 0) > 0 for r in rows))
     await until(status_settled, what="status.variants: every replica ready, GPU time accrued")
     status = await world.status()
-    # Each variant's cost so far at its own pool's price (2.0 and 1.0 per GPU-hour).
+    # Each variant's cost so far at its own pool's price (2.0 and 1.0 per GPU-hour). Status
+    # rounds both to 6 decimals, so they agree to half a unit of each rounding: the cost's,
+    # and the GPU-hours' times the price.
     for item, price in zip(status["variants"], (2.0, 1.0), strict=True):
-        assert item["cost"] == pytest.approx(price * item["gpuHours"], rel=1e-3, abs=1e-6)
+        rounding = 0.5e-6 * (1 + price) + 1e-12
+        assert item["cost"] == pytest.approx(price * item["gpuHours"], rel=0, abs=rounding)
         assert 0 <= item["idleCost"] <= item["cost"]
     # The model-level counts stay in yardstick replicas: 2 x 3 + 4 x 1 = 10.
     assert (status["currentReplicas"], status["desiredReplicas"]) == (10, 10)
