@@ -1,6 +1,6 @@
 """Kubernetes actuation benchmark: decision -> /scale PATCH, no-op apply, watch propagation.
 
-Usage: .venv/bin/python bench/kube_actuation.py [--applies 500] [--models 50]
+Usage: .venv/bin/python bench/kube_actuation.py [--applies 500] [--models 50] [--reads 2000]
 
 Against the API emulator on loopback (one process, one event loop), through
 kubernetes_asyncio's ApiClient exactly as in production:
@@ -10,6 +10,12 @@ kubernetes_asyncio's ApiClient exactly as in production:
 - apply (unchanged): the same with desired == current: one GET, no write.
 - watch propagation: a pod status write in the emulator store -> the cluster reader's pod
   informer has it (the path pod timelines take).
+- read: KubeClusterReader.read of the --models Deployments, round robin, --reads times,
+  with the reader's Deployment informer (the default) and with its list refused (403), so
+  that it GETs /scale at every read as it did before the informer: API requests the
+  emulator answered per read, and the read's latency; with the informer, also how long
+  after a /scale write's answer the informer holds the new spec.replicas (the window in
+  which a read is stale).
 The emulator's own cost is included, so a real API server (etcd, admission, network) adds
 its latency on top: these numbers bound the scaler's own overhead, not a cluster's.
 """
@@ -25,8 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scaler.actuators import base, cluster_reader, events, replicas  # noqa: E402
+from scaler.actuators import base, cluster_reader, events, replicas, resources  # noqa: E402
 from scaler.actuators import settings as kube_settings  # noqa: E402
+from scaler.emulator import Fault  # noqa: E402
 from scaler.emulator import env as kube_env  # noqa: E402
 from scaler.engine import types  # noqa: E402
 from scaler.policy import model  # noqa: E402
@@ -52,7 +59,53 @@ def quantiles(samples: list[float]) -> str:
     return f"p50 {statistics.median(ms):.2f} ms, p99 {p99:.2f} ms"
 
 
-async def main(applies: int, models: int) -> None:
+async def reads(kube: kube_env.KubeTestEnv, settings: kube_settings.KubeSettings,
+                policies: list[model.ScalePolicy], *, count: int, watched: bool) -> str:
+    """`count` reads of `policies` round robin by a fresh reader; watched=False refuses
+    the Deployment list (403) so every read GETs the target's /scale instead."""
+    assert kube.emulator is not None
+    fault = None
+    if not watched:
+        path = cluster_reader.workloads_path("deployments", kube.namespace)
+        fault = kube.emulator.inject(Fault(verb="list", path=f"^{path}$", status=403,
+                                           times=10**9))
+    reader = cluster_reader.KubeClusterReader(kube.api, settings=settings, wall_clock=time.time)
+    await reader.start()
+    try:
+        informer = reader.workload_informer(resources.target_ref(policies[0]))
+        assert informer is not None
+        while not informer.synced.is_set() and informer.last_error is None:
+            await asyncio.sleep(0.01)
+        await reader.read(policies[0])  # listed (or refused) once, before timing
+        before = len(kube.emulator.requests)
+        latencies = []
+        for i in range(count):
+            t0 = time.perf_counter()
+            await reader.read(policies[i % len(policies)])
+            latencies.append(time.perf_counter() - t0)
+        # Only requests answered during the reads; a watch is recorded when it ends.
+        answered = [r for r in kube.emulator.requests[before:] if r.verb != "watch"]
+        lag = ""
+        if watched:
+            lags = []
+            ref = resources.target_ref(policies[0])
+            key = f"{ref.namespace}/{ref.name}"
+            for replicas_now in range(1, 201):
+                await kube.api.merge_patch(ref.scale_path, {"spec": {"replicas": replicas_now}})
+                t0 = time.perf_counter()  # from the write's answer: what a read may miss
+                while replicas.spec_replicas(informer.objects[key]) != replicas_now:
+                    await asyncio.sleep(0)
+                lags.append(time.perf_counter() - t0)
+            lag = f"; a /scale write's answer -> the informer has it: {quantiles(lags)}"
+    finally:
+        await reader.stop()
+        if fault is not None:
+            fault.times = 0
+    per_read = len(answered) / count
+    return f"{quantiles(latencies)}, {per_read:.2f} API requests a read{lag}"
+
+
+async def main(applies: int, models: int, read_count: int) -> None:
     async with kube_env.kube_test_env(kubeconfig=None, wall_clock=time.time) as kube:
         settings = kube_settings.KubeSettings(
             events=kube_settings.EventSettings(burst=10**9, refill_seconds=1))
@@ -108,10 +161,16 @@ async def main(applies: int, models: int) -> None:
         finally:
             await reader.stop()
 
+        watched = settings.model_copy(update={"watch_namespaces": (kube.namespace,)})
+        for label, informed in (("GET /scale", False), ("informer", True)):
+            result = await reads(kube, watched, policies, count=read_count, watched=informed)
+            print(f"read ({label}): {result}")
+
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--applies", type=int, default=500)
     parser.add_argument("--models", type=int, default=50)
+    parser.add_argument("--reads", type=int, default=2000)
     args = parser.parse_args()
-    asyncio.run(main(args.applies, args.models))
+    asyncio.run(main(args.applies, args.models, args.reads))

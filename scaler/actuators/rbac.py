@@ -48,8 +48,11 @@ RULES: tuple[Rule, ...] = (
          "with resources.deviceClassName; both are cluster-scoped)"),
     Rule("resource.k8s.io", ("resourceclaims",), ("list", "watch"), "targets",
          "DRA devices in use: the allocated ResourceClaims of replicas"),
+    Rule("apps", ("deployments", "statefulsets"), ("list", "watch"), "targets",
+         "replicas and selector of Deployment and StatefulSet targets, watched rather than "
+         "a GET of /scale at every read"),
     Rule("apps", ("deployments/scale", "statefulsets/scale"), ("get", "patch"), "targets",
-         "read and set replicas of targets"),
+         "read replicas before a write (and of other kinds at every read), set replicas"),
     Rule("leaderworkerset.x-k8s.io", ("leaderworkersets/scale",), ("get", "patch"), "targets",
          "LeaderWorkerSet targets (add a rule like it for any other CRD target)"),
     Rule("autoscaling", ("horizontalpodautoscalers",), ("list",), "targets",

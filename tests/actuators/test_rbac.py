@@ -122,9 +122,12 @@ async def test_requests_match_the_printed_rbac(kube: KubeTestEnv, wall_clock: Ma
     assert {g for g in granted if not any(rbac.authorizes(g, u) for u in used)} == set()
     pods_scope = None if cluster_wide else kube.namespace
     assert rbac.Attributes(pods_scope, "", "pods", "watch") in used
+    assert {rbac.Attributes(pods_scope, "apps", kind, "watch")
+            for kind in ("deployments", "statefulsets")} <= used  # targets' replicas
     wide = {g for g in granted if g[0] == "*"}
     assert {g[2] for g in wide} == ({"nodes", "resourceslices", "deviceclasses"} | (
         {"pods", "deployments/scale", "events", "resourceclaims", "statefulsets/scale",
+         "deployments", "statefulsets",
          "leaderworkersets/scale", "horizontalpodautoscalers", "scaledobjects"}
         if cluster_wide else set()))
 

@@ -166,6 +166,7 @@ def test_rbac_is_exactly_what_scaler_kube_rbac_prints(
         {"gpupools", "gpubudgets", "gpupools/status", "gpubudgets/status"}
         if settings.policies.resources else set()) | (
         {"pods", "events", "deployments/scale", "statefulsets/scale", "resourceclaims",
+         "deployments", "statefulsets",
          "leaderworkersets/scale", "horizontalpodautoscalers", "scaledobjects"}
         if settings.kube.cluster_wide else set()))
     creates = {where for where, group, resource, verb in granted
