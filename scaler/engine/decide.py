@@ -730,8 +730,10 @@ def _forecast(draft: Draft) -> types.Forecast | None:
     needs_node = cluster.free_replica_slots is not None and cluster.free_replica_slots < to_add
     time_to_ready = times.pod_start_s + (times.node_boot_s if needs_node else 0.0)
     # A trend needs half a window of history: 60 s of a 120 s window.
+    # The trend must still be going on in the last flow window: a step's demand estimated
+    # over that window ramps for as long, then holds (`forecast._recent_bound`).
     trend = forecast.fit_trend(draft.samples, now=draft.now,
-                               min_span_s=spec.forecast_window_s / 2)
+                               min_span_s=spec.forecast_window_s / 2, recent_s=FLOW_WINDOW_S)
     if trend is None or not spec.forecast_enabled:
         trend = forecast.Trend(level=demand_now, slope_per_s=0.0)
     node_boot = 0.0 if needs_node else times.node_boot_s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 import math
@@ -88,8 +89,8 @@ class Trend:
         return self.level + self.slope_per_s * min(horizon_s, self.span_s)
 
 
-def fit_trend(samples: Sequence[types.DemandSample], *, now: float, min_span_s: float
-              ) -> Trend | None:
+def fit_trend(samples: Sequence[types.DemandSample], *, now: float, min_span_s: float,
+              recent_s: float | None = None) -> Trend | None:
     """Least-squares line through the window's samples, evaluated at `now`.
 
     Only the part of the slope that stands out of the noise is kept: the fitted slope less
@@ -101,6 +102,9 @@ def fit_trend(samples: Sequence[types.DemandSample], *, now: float, min_span_s: 
     same noise keeps 0.05 - 2 x 0.005 = 0.04 replicas/s.
     The slope is never negative: the look-ahead only ever adds capacity early; falling
     demand is left to the scale-down stabilization window.
+    With `recent_s`, the trend must still be going on: the kept slope is at most what the
+    last `recent_s` seconds allow (their own slope plus TREND_CONFIDENCE standard errors,
+    `_recent_bound`).
     """
     if not samples:
         return None
@@ -109,35 +113,107 @@ def fit_trend(samples: Sequence[types.DemandSample], *, now: float, min_span_s: 
         # Too little history for a trend (a fresh start, or after a gap in the signals).
         return Trend(level=samples[-1].demand, slope_per_s=0.0, span_s=span)
     n = len(samples)
-    # The same sums in the same order as over the samples, read once into lists (a
-    # window holds up to a sample a second: 120 in the default window), and each
-    # deviation from the means computed once for the three sums that read it (the same
-    # floats: `d - mean_d - slope * (t - mean_t)` is `dd - slope * dt`). `map` over C
-    # functions (attrgetter, pow, mul) where no Python expression is needed: the same
-    # operations, without a bytecode loop.
+    # Read once into lists (attrgetter in C); `_line` says how its sums are computed.
     times = list(map(_AT, samples))
     values = list(map(_DEMAND, samples))
-    mean_t = sum(times) / n
-    mean_d = sum(values) / n
-    dts = [t - mean_t for t in times]
-    var_t = sum(map(pow, dts, itertools.repeat(2)))  # (t - mean_t) ** 2
-    if var_t <= 0:
+    line = _line(times, values)
+    if line is None:
         return Trend(level=samples[-1].demand, slope_per_s=0.0, span_s=span)
-    dds = [d - mean_d for d in values]
-    slope = sum(map(operator.mul, dts, dds)) / var_t
-    residual = sum([(dd - slope * dt) ** 2 for dt, dd in zip(dts, dds, strict=True)])
+    slope, residual, var_t = line
     split = _step_split(values, line_residual=residual)
     if split is not None:
         # A step: the trend is that of the level after it (flat until it shows a slope).
-        after = fit_trend(samples[split:], now=now, min_span_s=min_span_s)
+        after = fit_trend(samples[split:], now=now, min_span_s=min_span_s, recent_s=recent_s)
         level = samples[-1].demand
         return Trend(level=level, slope_per_s=0.0 if after is None else after.slope_per_s,
                      span_s=0.0 if after is None else after.span_s, step=True)
     stderr = math.sqrt(residual / (n - 2) / var_t)
     kept = max(0.0, slope - TREND_CONFIDENCE * stderr)
+    if kept > 0 and recent_s is not None:
+        kept = min(kept, _recent_bound(times, values, now=now, recent_s=recent_s))
     # Level: the demand seen now. The fitted line lags a fresh jump and leads a fresh
     # drop; the latest sample is what capacity must cover right now.
     return Trend(level=samples[-1].demand, slope_per_s=kept, span_s=span)
+
+
+def _line(times: Sequence[float], values: Sequence[float]
+          ) -> tuple[float, float, float] | None:
+    """Least squares through (time, value): the slope, the squared residual and the
+    spread of the times (sum of (t - mean)^2); None when the times do not spread.
+
+    The same sums in the same order as over the samples, read once into lists (a window
+    holds up to a sample a second: 120 in the default window), and each deviation from
+    the means computed once for the three sums that read it (the same floats: `d - mean_d
+    - slope * (t - mean_t)` is `dd - slope * dt`). `map` over C functions (pow, mul) where
+    no Python expression is needed: the same operations, without a bytecode loop.
+    """
+    n = len(times)
+    mean_t = sum(times) / n
+    mean_d = sum(values) / n
+    dts = [t - mean_t for t in times]
+    var_t = sum(map(pow, dts, itertools.repeat(2)))  # (t - mean_t) ** 2
+    if var_t <= 0:
+        return None
+    dds = [d - mean_d for d in values]
+    slope = sum(map(operator.mul, dts, dds)) / var_t
+    residual = sum([(dd - slope * dt) ** 2 for dt, dd in zip(dts, dds, strict=True)])
+    return slope, residual, var_t
+
+
+def _recent_bound(times: list[float], values: list[float], *, now: float, recent_s: float
+                  ) -> float:
+    """The largest slope the last `recent_s` seconds allow: their own slope plus
+    TREND_CONFIDENCE standard errors, widened by their residuals' correlation
+    (`_correlation_inflation`); inf when they are too few to tell.
+
+    A demand that is estimated over a window (the flow balance's 30 s fit, a Prometheus
+    rate) answers a step with a ramp as long as that window, then stays flat; fitted
+    over the look-ahead's 120 s, the ramp and the plateau after it read as a trend that
+    the step split may not catch once the level before it leaves the window. A real ramp
+    keeps rising in its last seconds, so the bound rarely binds on it (its recent slope
+    is within its error of the whole one); a plateau's bound is its noise. Measured: a
+    flash crowd's demand rose from 0.8 to 6.8 replicas within 36 s of the flow estimate
+    and then held at 6.6 to 7.2 for 30 s; fitted over 120 s that kept 0.065 replicas/s,
+    planned 7.8 replicas more through a node boot and bought 16 where 9 were needed; the
+    last 30 s allow 0.011 (1.3 replicas over the horizon). Read as if its one-second
+    samples were independent, the error of a 30 s fit of readings smoothed over 30 to 60 s
+    is far too small: on a mix of half 6k-token prompts that bound cut a real, noisy
+    rise's look-ahead (0.0088 -> 0 replicas/s) and lost a window; widened by the
+    correlation it keeps it.
+    """
+    start = bisect.bisect_right(times, now - recent_s)
+    ts, vs = times[start:], values[start:]
+    if len(ts) < 3 or ts[-1] - ts[0] < recent_s / 2:
+        return math.inf
+    line = _line(ts, vs)
+    if line is None:
+        return math.inf
+    slope, residual, var_t = line
+    stderr = math.sqrt(residual / (len(ts) - 2) / var_t)
+    return max(0.0, slope + TREND_CONFIDENCE * stderr * _correlation_inflation(ts, vs, slope))
+
+
+# Lag-1 correlation of residuals is capped here: at 0.9 the error is read 4.4x wider; a
+# series that correlated holds too few independent points in 30 s to bound anything.
+MAX_RESIDUAL_CORRELATION = 0.9
+
+
+def _correlation_inflation(times: list[float], values: list[float], slope: float) -> float:
+    """How much wider a least-squares slope's error is than the independent-samples
+    formula says, from the lag-1 correlation r of the residuals: sqrt((1 + r) / (1 - r))
+    (an AR(1) error's effective sample size is n (1 - r) / (1 + r)). Readings smoothed over
+    30 to 60 s and sampled every second are strongly correlated; a window of white noise
+    has r near 0 and keeps its formula."""
+    n = len(times)
+    mean_t = sum(times) / n
+    mean_d = sum(values) / n
+    res = [d - mean_d - slope * (t - mean_t) for t, d in zip(times, values, strict=True)]
+    power = sum(e * e for e in res)
+    if power <= 0:
+        return 1.0
+    r = sum(a * b for a, b in itertools.pairwise(res)) / power
+    r = min(MAX_RESIDUAL_CORRELATION, max(0.0, r))
+    return math.sqrt((1 + r) / (1 - r))
 
 
 # A forecast is checked only when it added at least this many replicas: smaller lifts are

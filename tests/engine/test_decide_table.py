@@ -543,6 +543,40 @@ def test_a_step_is_not_extrapolated_as_a_ramp() -> None:
     assert ramp.last.forecast.slope_per_s > 0.02
 
 
+def test_a_step_seen_through_a_smoothing_window_is_not_extrapolated_once_it_holds() -> None:
+    # A step as a windowed estimate shows it (a 30 s rate or flow fit): flat at 8 running
+    # for 60 s, a 36 s ramp to 68, then a plateau with noise. Once the level before the
+    # step has mostly left the 120 s window the line fits as well as two levels, but the
+    # last 30 s are flat: no trend is left to extrapolate through the time to ready.
+    p = policy(forecast={"enabled": True, "windowSeconds": 120}, replicas={"min": 1, "max": 40})
+    sim = Sim(p, current=1)
+
+    def demand(t: int) -> float:
+        if t < 60:
+            return 8.0
+        if t < 96:
+            return 8.0 + 60.0 * (t - 60) / 36
+        return 68.0 + (3.0 if (t // 2) % 2 else -3.0)
+
+    slopes, planned = [], []
+    for t in range(0, 181, 2):
+        sim.step(t, snap(running=demand(t)))
+        assert sim.last is not None and sim.last.forecast is not None
+        if t >= 130:  # the plateau has filled the last 30 s
+            slopes.append(sim.last.forecast.slope_per_s)
+            planned.append(sim.last.forecast.replicas_at_ready)
+    # Without the recent bound: up to 0.06 replicas/s, 11 replicas planned for 7.1.
+    assert max(slopes) < 0.02, slopes
+    assert max(planned) <= 9, planned
+    # A ramp still rising in its last 30 s keeps its slope (0.05 replicas/s, less the
+    # error of the whole window's fit).
+    ramp = Sim(p, current=2)
+    for t in range(0, 121, 2):
+        ramp.step(t, snap(running=20 + 0.5 * t + (3.0 if (t // 2) % 2 else -3.0)))
+    assert ramp.last is not None and ramp.last.forecast is not None
+    assert ramp.last.forecast.slope_per_s > 0.04
+
+
 def test_the_look_ahead_trusts_less_of_a_trend_that_did_not_come_true() -> None:
     p = policy(forecast={"enabled": True, "windowSeconds": 120})
     sim = Sim(p, current=2)
@@ -559,7 +593,7 @@ def test_the_look_ahead_trusts_less_of_a_trend_that_did_not_come_true() -> None:
     # The next ramp is extrapolated with half its slope at first, and regains the trust
     # as its forecasts come true.
     lifted = []
-    for t in range(200, 400, 2):
+    for t in range(200, 460, 2):
         sim.step(t, snap(running=80 + 0.5 * (t - 200)))
         fc = sim.last.forecast
         if fc is not None and fc.slope_per_s > 0:
