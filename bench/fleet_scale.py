@@ -19,9 +19,11 @@ bench/signals_ingest.py, and not counted here). Then, per cycle (the clock moves
   ReplicaActuator seam (tests/service/fakes.FakeCluster): tasks, semaphore, state,
   history and the arbitration included; API round trips are not (docs/scaling.md).
 - scrape: after the last reactor cycle, one `/metrics` scrape of the service's state
-  (`generate_latest` over the service's registry, as `http_api` answers it): CPU seconds
-  (the least of three), of which the state collector's walk, the body's size and series.
-  Not in the cycle: it takes the same core once every scrape interval (15 s in the chart).
+  (the registry's `exposition`, as `http_api` answers it; `generate_latest` over the same
+  registry beside it, the reference the body must equal): CPU seconds (the least of
+  three), the state collector's walk, the longest step between two returns to the loop,
+  the gzip /metrics sends (CPU, size), the body's size and series. Not in the cycle: it
+  takes the same core once every scrape interval (15 s in the chart).
 
 Times are CPU seconds of this process (`time.process_time`, so a busy shared machine
 inflates them less than wall time; wall time of the reactor cycle is printed beside).
@@ -64,7 +66,8 @@ from scaler.engine import types  # noqa: E402
 from scaler.policy import fleet as policy_fleet  # noqa: E402
 from scaler.policy import model  # noqa: E402
 from scaler.service import arbiter as fleet_arbiter  # noqa: E402
-from scaler.service import observability, runner  # noqa: E402
+from scaler.service import exposition as text_exposition  # noqa: E402
+from scaler.service import http_api, observability, runner  # noqa: E402
 from scaler.service import reactor as service_reactor  # noqa: E402
 from scaler.service import state as service_state  # noqa: E402
 from scaler.signals import messages, store  # noqa: E402
@@ -212,13 +215,16 @@ class ReactorRun:
     scrape: dict[str, float] = field(default_factory=dict)
 
 
-def scrape(state: service_state.ServiceState, *, now: float) -> dict[str, float]:
-    """CPU seconds of one `/metrics` scrape as the service answers it (`generate_latest`
-    over the registry `scaler run` builds, without the process collector), of the
-    state collector's walk alone, and the body's size: the least of three, each after a
-    full collection (the collector's share depends on what the cycles left)."""
+async def scrape(state: service_state.ServiceState, *, now: float) -> dict[str, float]:
+    """One `/metrics` scrape of the state as the service answers it (`exposition` of the
+    registry `scaler run` builds, without the process collector), beside prometheus-client's
+    `generate_latest` over the same registry (the reference, what the service answered
+    before; the bodies must be equal): CPU seconds of each, of the state walk alone, the
+    longest the loop waits between two of the answer's steps, the gzip level /metrics
+    uses and the body's size. The least of three, each after a full collection (the
+    collector's share depends on what the cycles left)."""
     registry = observability.make_registry(state, clock=lambda: now, process=False)
-    collect_s, total_s = [], []
+    collect_s, reference_s, total_s, step_s, gzip_s = [], [], [], [], []
     for _ in range(3):
         gc.collect()
         started = time.process_time()
@@ -226,11 +232,35 @@ def scrape(state: service_state.ServiceState, *, now: float) -> dict[str, float]
         collect_s.append(time.process_time() - started)
         gc.collect()
         started = time.process_time()
-        body = exposition.generate_latest(registry)
+        reference = exposition.generate_latest(registry)
+        reference_s.append(time.process_time() - started)
+        gc.collect()
+        started = time.process_time()
+        parts = await registry.exposition()
         total_s.append(time.process_time() - started)
+        body = b"".join(parts)
+        gc.collect()
+        written = text_exposition.TextFamilies()
+        end = object()
+        for steps in (observability.walk(state, written, now=now), written.parts()):
+            while True:  # the steps `render` returns to the loop between
+                started = time.process_time()
+                if next(steps, end) is end:
+                    break
+                step_s.append(time.process_time() - started)
+        started = time.process_time()
+        compressor = http_api.gzip_compressor()  # what /metrics sends for gzip
+        compressed = b"".join([*(compressor.compress(part) for part in parts),
+                               compressor.flush()])
+        gzip_s.append(time.process_time() - started)
+    assert body == reference, "/metrics differs from prometheus-client's generate_latest"
     return {"scrape_cpu_s": round(min(total_s), 3),
+            "scrape_reference_cpu_s": round(min(reference_s), 3),
             "scrape_collect_cpu_s": round(min(collect_s), 3),
+            "scrape_longest_step_ms": round(max(step_s) * 1000, 1),
+            "scrape_gzip_cpu_s": round(min(gzip_s), 3),
             "scrape_mib": round(len(body) / 2**20, 1),
+            "scrape_gzip_mib": round(len(compressed) / 2**20, 2),
             "scrape_series": sum(len(f.samples) for f in families)}
 
 
@@ -268,7 +298,7 @@ async def reactor_cycles(policies: list[model.ScalePolicy], fleet: policy_fleet.
             run.evaluations.append(reactor.evaluations - done)
     finally:
         gc.callbacks.remove(collector.callback)
-    run.scrape = scrape(state, now=clock["now"] + CYCLE_S / 2)
+    run.scrape = await scrape(state, now=clock["now"] + CYCLE_S / 2)
     return run
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from scaler.service import explain
+from scaler.service import explain, observability
 from scaler.service import history as decision_history
 from scaler.service import state as service_state
 from scaler.signals import samples
@@ -17,6 +19,12 @@ from scaler.signals import samples
 # the service render more than the ring keeps (356 entries, about 200 KB of JSON).
 HISTORY_LIMIT_MAX = decision_history.MAX_SCALE_EVENTS + decision_history.MAX_DECISIONS
 HISTORY_LIMIT_DEFAULT = 20
+# /metrics compressed for a scraper that asks (Prometheus sends `Accept-Encoding: gzip`):
+# level 1, not zlib's default 6, since the text is repetitive enough that the fastest
+# level already divides it by about 18 (the bench's 3.1 MiB at 1,000 models: 184 KB in
+# 7 ms of CPU; level 6 gives 148 KB in 26 ms).
+GZIP_LEVEL = 1
+GZIP_WBITS = 16 + zlib.MAX_WBITS  # zlib's gzip container (Content-Encoding: gzip)
 
 
 def _error(status: int, message: str, **extra: Any) -> web.Response:
@@ -53,11 +61,35 @@ class HttpApi:
         app.router.add_routes(self._extra)
         return app
 
-    async def _metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self._registry)
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        registry = self._registry
+        if isinstance(registry, observability.ServiceRegistry):
+            parts = await registry.exposition()  # lets the loop run while it writes
+        else:
+            parts = [generate_latest(registry)]
+        response = web.StreamResponse(headers={"Vary": "Accept-Encoding"})
         # CONTENT_TYPE_LATEST carries a charset parameter, which aiohttp wants separately.
         content_type, _, charset = CONTENT_TYPE_LATEST.partition("; charset=")
-        return web.Response(body=body, content_type=content_type, charset=charset or None)
+        response.content_type = content_type
+        response.charset = charset or None
+        compressor = None
+        if accepts_gzip(request.headers.get("Accept-Encoding", "")):
+            response.headers["Content-Encoding"] = "gzip"  # sent chunked
+            compressor = gzip_compressor()
+        else:
+            response.content_length = sum(len(part) for part in parts)
+        await response.prepare(request)
+        loop = asyncio.get_running_loop()
+        for part in parts:
+            if compressor is not None:
+                # In a worker thread, one part at a time: zlib lets go of the GIL while
+                # it compresses (86 ms of CPU for 10,000 bench models' 32.3 MiB).
+                part = await loop.run_in_executor(None, compressor.compress, part)
+            await response.write(part)
+        if compressor is not None:
+            await response.write(compressor.flush())
+        await response.write_eof()
+        return response
 
     async def _healthz(self, request: web.Request) -> web.Response:
         # Alive means the event loop answers; readiness is the stricter check.
@@ -133,6 +165,30 @@ class HttpApi:
 
     async def _history_by_name(self, request: web.Request) -> web.Response:
         return self._history_answer(request, self._by_name(request))
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an Accept-Encoding header takes gzip (RFC 9110 12.5.3): by name, else by
+    `*`, with a weight above 0 (absent: 1; malformed: 0, so the answer is uncompressed,
+    which is always allowed)."""
+    weights: dict[str, float] = {}
+    for item in accept_encoding.split(","):
+        coding, *parameters = (part.strip() for part in item.split(";"))
+        weight = 1.0
+        for parameter in parameters:
+            name, _, text = parameter.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    weight = float(text)
+                except ValueError:
+                    weight = 0.0
+        weights.setdefault(coding.lower(), weight)
+    return weights.get("gzip", weights.get("*", 0.0)) > 0
+
+
+def gzip_compressor() -> zlib._Compress:
+    """The gzip stream /metrics sends to a scraper that accepts it, a part at a time."""
+    return zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, GZIP_WBITS)
 
 
 def decision_url(base_url: str, model: str, namespace: str | None, *,

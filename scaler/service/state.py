@@ -214,6 +214,7 @@ class ModelStatus:
     last_scale_at: float | None = None  # the newest decision that asked for another count
     # a model with variants: each variant's share of `cost` (requests are the model's)
     variant_costs: Mapping[str, engine_cost.Cost] = field(default_factory=dict)
+    since: float = 0.0  # wall time the policy came into force (`silence` judges from it)
 
     @property
     def key(self) -> str:
@@ -577,4 +578,5 @@ def _view(entry: _Entry) -> ModelStatus:
         variant_costs=entry.variant_costs,  # replaced on each accrual, never changed
         evaluation_errors=entry.evaluation_errors,
         last_scale_at=entry.last_scale_at,
+        since=entry.since,
     )
