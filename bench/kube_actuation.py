@@ -16,6 +16,10 @@ kubernetes_asyncio's ApiClient exactly as in production:
   emulator answered per read, and the read's latency; with the informer, also how long
   after a /scale write's answer the informer holds the new spec.replicas (the window in
   which a read is stale).
+- memory held: what an informer's copy of the --models Deployments (each after the apply
+  phase's scale writes, so with their managed fields) holds in memory, traced, a
+  Deployment: kept whole, as `watch.kept` keeps objects (no managedFields), and as the
+  cluster reader's target informers keep them (`cluster_reader.workload_kept`).
 The emulator's own cost is included, so a real API server (etcd, admission, network) adds
 its latency on top: these numbers bound the scaler's own overhead, not a cluster's.
 """
@@ -24,19 +28,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import statistics
 import sys
 import time
+import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scaler.actuators import base, cluster_reader, events, replicas, resources  # noqa: E402
+from scaler.actuators import base, cluster_reader, events, replicas, resources, watch  # noqa: E402
 from scaler.actuators import settings as kube_settings  # noqa: E402
 from scaler.emulator import Fault  # noqa: E402
 from scaler.emulator import env as kube_env  # noqa: E402
 from scaler.engine import types  # noqa: E402
 from scaler.policy import model  # noqa: E402
+
+Obj = dict[str, Any]  # an API object, as `scaler.actuators.client` has it
 
 
 def policy(namespace: str, name: str) -> model.ScalePolicy:
@@ -105,6 +115,28 @@ async def reads(kube: kube_env.KubeTestEnv, settings: kube_settings.KubeSettings
     return f"{quantiles(latencies)}, {per_read:.2f} API requests a read{lag}"
 
 
+async def held_kib(kube: kube_env.KubeTestEnv, keep: Callable[[Obj], Obj], count: int
+                   ) -> float:
+    """KiB an object that an informer's copy of the namespace's Deployments holds, kept by
+    `keep`: the traced memory the copy frees when dropped, over `count` objects."""
+    informer = watch.Informer(kube.api, path=kube.collection("apps/v1", "deployments"),
+                              settings=kube.settings, keep=keep)
+    tracemalloc.start()
+    task = asyncio.create_task(informer.run())
+    try:
+        await informer.synced.wait()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0]
+    informer.objects = {}
+    gc.collect()
+    held -= tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return held / count / 1024
+
+
 async def main(applies: int, models: int, read_count: int) -> None:
     async with kube_env.kube_test_env(kubeconfig=None, wall_clock=time.time) as kube:
         settings = kube_settings.KubeSettings(
@@ -165,6 +197,11 @@ async def main(applies: int, models: int, read_count: int) -> None:
         for label, informed in (("GET /scale", False), ("informer", True)):
             result = await reads(kube, watched, policies, count=read_count, watched=informed)
             print(f"read ({label}): {result}")
+
+        sizes = [f"{label} {await held_kib(kube, keep, models):.1f} KiB"
+                 for label, keep in (("whole", lambda obj: obj), ("kept", watch.kept),
+                                     ("target informer", cluster_reader.workload_kept))]
+        print(f"memory held a Deployment: {', '.join(sizes)}")
 
 
 if __name__ == "__main__":

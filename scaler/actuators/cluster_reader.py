@@ -74,6 +74,18 @@ def workloads_path(plural: str, namespace: str) -> str:
     return f"/apis/apps/v1/namespaces/{namespace}/{plural}"
 
 
+def workload_kept(obj: kube.Obj) -> kube.Obj:
+    """What a workload informer keeps of a Deployment or StatefulSet: its name and version,
+    and the fields `ScaleView.of_workload` reads. The pod template, conditions and managed
+    fields are most of the object (about 26 KiB in memory a Deployment, as the emulator
+    serves one after a scale write, against 2 KiB kept), held for every target."""
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    return {"metadata": {key: meta[key] for key in ("name", "namespace", "resourceVersion")
+                         if key in meta},
+            "spec": {key: spec[key] for key in ("replicas", "selector") if key in spec},
+            "status": {"replicas": (obj.get("status") or {}).get("replicas")}}
+
+
 @dataclass(frozen=True, slots=True)
 class ScaleView:
     """What the reader takes of a target, as its Scale shows it: spec.replicas,
@@ -261,8 +273,9 @@ class KubeClusterReader:
             await self._stop_task(_task_name(plural, where))
             del self.workloads[(plural, where)]
 
-    def _start_informer(self, name: str, path: str) -> watch.Informer:
-        informer = watch.Informer(self.api, path=path, settings=self.settings)
+    def _start_informer(self, name: str, path: str, *,
+                        keep: Callable[[kube.Obj], kube.Obj] = watch.kept) -> watch.Informer:
+        informer = watch.Informer(self.api, path=path, settings=self.settings, keep=keep)
         self._tasks[name] = asyncio.create_task(informer.run(), name=f"kube-informer-{name}")
         return informer
 
@@ -308,7 +321,8 @@ class KubeClusterReader:
         informer = self.workloads.get((ref.plural, where))
         if informer is None:
             informer = self._start_informer(_task_name(ref.plural, where),
-                                            workloads_path(ref.plural, where))
+                                            workloads_path(ref.plural, where),
+                                            keep=workload_kept)
             self.workloads[(ref.plural, where)] = informer
         return informer
 

@@ -22,8 +22,22 @@ def object_key(obj: kube.Obj) -> str:
     return f"{meta.get('namespace') or ''}/{meta.get('name')}"
 
 
+def kept(obj: kube.Obj) -> kube.Obj:
+    """An object as an informer keeps it: without `metadata.managedFields`, which nothing
+    here reads (client-go's informers are commonly given the same transform). A real API
+    server keeps an entry per field manager (the user's apply, the controller's status,
+    the scaler's scale writes), each the set of fields it owns: often the largest part of
+    a Deployment, and the copy of every target, pod and node is held for the life of the
+    process."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or "managedFields" not in meta:
+        return obj
+    return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+
+
 class Informer:
-    """Lists a collection once, then watches from the list's resourceVersion.
+    """Lists a collection once, then watches from the list's resourceVersion; `objects`
+    holds each object as `keep` returns it (by default `kept`: no `metadata.managedFields`).
 
     - a watch the server ends (timeoutSeconds) resumes from the last version seen, which
       bookmarks keep recent even when nothing changes, so a resume rarely needs a relist;
@@ -37,8 +51,10 @@ class Informer:
     def __init__(self, api: kube.KubeApi, *, path: str, settings: kube_settings.KubeSettings,
                  on_change: OnChange | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None,
+                 keep: Callable[[kube.Obj], kube.Obj] = kept) -> None:
         self.api = api
+        self._keep = keep
         self.path = path
         self.settings = settings
         self.on_change = on_change
@@ -57,7 +73,8 @@ class Informer:
 
     async def _list(self) -> None:
         listing = await self.api.get(self.path)
-        fresh = {object_key(item): item for item in listing.get("items") or []}
+        keep = self._keep
+        fresh = {object_key(item): keep(item) for item in listing.get("items") or []}
         for key, old in self.objects.items():
             if key not in fresh:
                 self._notify("DELETED", old)
@@ -76,7 +93,7 @@ class Informer:
         stream = self.api.watch(self.path, query=query)
         async with contextlib.aclosing(stream):
             async for event in stream:
-                kind, obj = event.get("type"), event.get("object") or {}
+                kind, obj = event.get("type"), self._keep(event.get("object") or {})
                 if kind == "ERROR":
                     code = int(obj.get("code") or 0)
                     if code == 410:
