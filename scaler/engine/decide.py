@@ -382,6 +382,8 @@ def look_ahead(draft: Draft) -> str:
     trust = "" if fc.horizon_scale >= 0.999 else f", {fc.horizon_scale:.0%} of the trend " \
         "trusted after past overshoots"
     kind = "; a step, not a ramp" if fc.step else ""
+    if fc.recent:
+        kind += f"; the trend held to its last {FLOW_WINDOW_S:.0f} s, which rose less"
     return (f"ready in {fc.time_to_ready_s:.0f} s: demand {fc.demand_now:.2f} -> "
             f"{fc.demand_at_ready:.2f} replicas{trust}{kind}"
             + (f"; {returning}" if returning else ""))
@@ -753,6 +755,7 @@ def _forecast(draft: Draft) -> types.Forecast | None:
         replicas_at_node_ready=recommend.ceil_replicas(at_node_ready),
         horizon_scale=scale,
         step=trend.step,
+        recent=trend.recent,
     )
 
 

@@ -78,6 +78,7 @@ class Trend:
     slope_per_s: float
     span_s: float = 0.0
     step: bool = False
+    recent: bool = False  # the slope held to what the last `recent_s` allow (`_recent_bound`)
 
     def at(self, horizon_s: float) -> float:
         """Demand `horizon_s` ahead, extrapolated no further than the history observed.
@@ -126,14 +127,17 @@ def fit_trend(samples: Sequence[types.DemandSample], *, now: float, min_span_s: 
         after = fit_trend(samples[split:], now=now, min_span_s=min_span_s, recent_s=recent_s)
         level = samples[-1].demand
         return Trend(level=level, slope_per_s=0.0 if after is None else after.slope_per_s,
-                     span_s=0.0 if after is None else after.span_s, step=True)
+                     span_s=0.0 if after is None else after.span_s, step=True,
+                     recent=after is not None and after.recent)
     stderr = math.sqrt(residual / (n - 2) / var_t)
     kept = max(0.0, slope - TREND_CONFIDENCE * stderr)
+    bound = math.inf
     if kept > 0 and recent_s is not None:
-        kept = min(kept, _recent_bound(times, values, now=now, recent_s=recent_s))
+        bound = _recent_bound(times, values, now=now, recent_s=recent_s)
     # Level: the demand seen now. The fitted line lags a fresh jump and leads a fresh
     # drop; the latest sample is what capacity must cover right now.
-    return Trend(level=samples[-1].demand, slope_per_s=kept, span_s=span)
+    return Trend(level=samples[-1].demand, slope_per_s=min(kept, bound), span_s=span,
+                 recent=bound < kept)
 
 
 def _line(times: Sequence[float], values: Sequence[float]

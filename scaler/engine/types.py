@@ -461,7 +461,8 @@ class Forecast:
     look-ahead only adds); demand_at_ready: demand_now + slope x horizon_scale x
     time_to_ready_s; replicas_at_node_ready: the forecast one node boot further, for node
     headroom. horizon_scale: the share of the trend trusted after checking past forecasts;
-    step: the window read as a step (no trend extrapolated through it).
+    step: the window read as a step (no trend extrapolated through it); recent: the slope
+    held to what the demand's last 30 s allow (a rise that has stopped is no trend).
     """
 
     time_to_ready_s: float
@@ -473,6 +474,7 @@ class Forecast:
     replicas_at_node_ready: int
     horizon_scale: float = 1.0
     step: bool = False
+    recent: bool = False
 
 
 @fast_init

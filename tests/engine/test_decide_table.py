@@ -558,16 +558,21 @@ def test_a_step_seen_through_a_smoothing_window_is_not_extrapolated_once_it_hold
             return 8.0 + 60.0 * (t - 60) / 36
         return 68.0 + (3.0 if (t // 2) % 2 else -3.0)
 
-    slopes, planned = [], []
+    slopes, planned, held = [], [], []
     for t in range(0, 181, 2):
         sim.step(t, snap(running=demand(t)))
         assert sim.last is not None and sim.last.forecast is not None
         if t >= 130:  # the plateau has filled the last 30 s
             slopes.append(sim.last.forecast.slope_per_s)
             planned.append(sim.last.forecast.replicas_at_ready)
+            if sim.last.forecast.recent:  # and the decision says why
+                step = next(s for s in sim.last.steps
+                            if s.name is types.StepName.LOOK_AHEAD)
+                held.append("the trend held to its last 30 s" in step.detail)
     # Without the recent bound: up to 0.06 replicas/s, 11 replicas planned for 7.1.
     assert max(slopes) < 0.02, slopes
     assert max(planned) <= 9, planned
+    assert held and all(held), held
     # A ramp still rising in its last 30 s keeps its slope (0.05 replicas/s, less the
     # error of the whole window's fit).
     ramp = Sim(p, current=2)
