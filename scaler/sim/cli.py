@@ -85,6 +85,17 @@ def register(subparsers: argparse._SubParsersAction[Any]) -> None:
                         f"{sim_cluster.TERMINATION_GRACE_S:g}, Kubernetes'; 0 to "
                         f"{sim_cluster.MAX_GRACE_S}; with --fleet it is set per model in the "
                         "fleet file)")
+    parser.add_argument("--dispatch", choices=sim_cluster.DISPATCH_MODES,
+                        help="how requests reach the replicas, for every strategy and the "
+                        "oracle alike: push (default), a Service sending each arrival to "
+                        "the least-loaded replica's own queue (online serving behind vLLM); "
+                        "queue, one shared FIFO work queue a replica takes from only when it "
+                        "can start the request at once (batch fed from a JetStream "
+                        "work-queue stream), so a removed replica holds only what it started. "
+                        "The oracle's window searches and replays use it; feasible windows "
+                        "(each request alone on an idle replica) are the same under both. "
+                        "The JSON says which (dispatch). With --fleet it is set per model in "
+                        "the fleet file")
     parser.add_argument("--json", type=Path, metavar="OUT.json", help="write the JSON report")
     parser.add_argument("--report", type=Path, metavar="OUT.html", help="write the HTML report")
     parser.set_defaults(handler=simulate_command)
@@ -179,15 +190,18 @@ def simulate_command(args: argparse.Namespace) -> int:
     warning = report.capacity_warning(trace, policy=policy, profile=profile)
     if warning:
         print(f"scaler simulate: warning: {warning}", file=sys.stderr)
+    dispatch: sim_cluster.Dispatch = args.dispatch or "push"
     bar = report.ProgressBar(names).start()
     try:
         result = run.simulate(trace, policy=policy, profile=profile, names=names, progress=bar,
-                              grace_s=float(grace), deletion_cost=args.deletion_cost)
+                              grace_s=float(grace), deletion_cost=args.deletion_cost,
+                              dispatch=dispatch)
     finally:
         bar.close()
     print(f"trace {trace.path}: {trace.requests} requests over {trace.duration_s:.0f} s "
           f"(rate scale {trace.rate_scale:g}); policy {policy.name}; SLO p95 "
-          f"{result.slo_metric} <= {result.slo_threshold_s:g} s; profile {profile.name}")
+          f"{result.slo_metric} <= {result.slo_threshold_s:g} s; profile {profile.name}; "
+          f"dispatch {result.dispatch}")
     print(report.table(result))
     if args.json:
         report.write_json(result, args.json)
@@ -208,7 +222,8 @@ def fleet_command(args: argparse.Namespace) -> int:
         return 2
     ignored = [flag for flag, value in (
         ("--policy", args.policy), ("--start", args.start), ("--duration", args.duration),
-        ("--termination-grace-period", args.termination_grace_period)) if value is not None]
+        ("--termination-grace-period", args.termination_grace_period),
+        ("--dispatch", args.dispatch)) if value is not None]
     if ignored or args.rate_scale != 1.0:
         print(f"scaler simulate: with --fleet, {', '.join(ignored) or '--rate-scale'} go in "
               "the fleet file (per model)", file=sys.stderr)

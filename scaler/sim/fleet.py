@@ -849,7 +849,8 @@ class FleetResult:
         return run.SimulationResult(
             trace=member.trace, policy=member.policy, profile=member.profile,
             slo_metric=member.metric, slo_threshold_s=member.threshold_s,
-            results={name: r.models[member.key] for name, r in self.results.items()})
+            results={name: r.models[member.key] for name, r in self.results.items()},
+            dispatch=member.dispatch)
 
     def to_json(self) -> dict[str, Any]:
         """Per model the 4.4 document; per strategy the `fleet` object (DESIGN 4.6)."""

@@ -18,6 +18,7 @@ import numpy as np
 
 from scaler.core import vocabulary
 from scaler.policy import model as policy_model
+from scaler.sim import cluster as sim_cluster
 from scaler.sim import fleet, profiles, run, traces
 from scaler.sim.strategies import oracle
 
@@ -129,6 +130,9 @@ SCHEMA: dict[str, Any] = {
                 "threshold_s": {"type": "number", "exclusiveMinimum": 0},
             },
         },
+        # How requests reached the replicas of every strategy's cluster (cluster.Dispatch);
+        # absent from a load test's document (a live server routes as it does).
+        "dispatch": {"enum": list(sim_cluster.DISPATCH_MODES)},
         "strategies": {
             "type": "object",
             "propertyNames": {"enum": ["scaler", "hpa", "keda", "kpa", "oracle",
@@ -449,7 +453,8 @@ def render_html(result: run.SimulationResult, *, title: str | None = None) -> st
 <code>{html.escape(result.policy.name)}</code>; SLO: p95 {html.escape(result.slo_metric)}
 within {result.slo_threshold_s:g} s per 60 s window. Replica profile
 <code>{html.escape(result.profile.name)}</code> ({html.escape(result.profile.model)} on
-{html.escape(result.profile.gpu)}).</p>
+{html.escape(result.profile.gpu)}); requests reach the replicas by {result.dispatch}
+dispatch (every strategy and the oracle).</p>
 {html_table(result)}
 <p class="note">GPU-hours are allocated GPU-hours from pod creation to removal, cold starts
 included; the oracle knows the future and is the reference for the fewest GPU-hours that

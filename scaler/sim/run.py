@@ -46,15 +46,19 @@ class SimulationResult:
     slo_metric: str
     slo_threshold_s: float
     results: dict[str, StrategyResult]
+    # How requests reached the replicas of every strategy's cluster, the oracle's included
+    # (`cluster.Dispatch`, `--dispatch`).
+    dispatch: sim_cluster.Dispatch = "push"
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON contract of DESIGN 4.4, key for key."""
+        """The JSON contract of DESIGN 4.4, key for key, plus `dispatch`."""
         return {
             "trace": {"path": self.trace.path, "requests": self.trace.requests,
                       "duration_s": round(self.trace.duration_s, 3),
                       "rate_scale": self.trace.rate_scale},
             "policy": self.policy.name,
             "slo": {"metric": self.slo_metric, "threshold_s": self.slo_threshold_s},
+            "dispatch": self.dispatch,
             "strategies": {name: dict(r.summary) for name, r in self.results.items()},
         }
 
@@ -84,6 +88,9 @@ def feasible(trace: traces.Trace, *, profile: profiles.ReplicaProfile, metric: s
     """Windows some provisioning can meet: their requests alone on idle replicas do.
 
     Requests beyond the context limit are rejected by every strategy and judged by none.
+    The same under either dispatch: a request alone reaches an idle replica at the next
+    step boundary and is admitted at once, whether routed to it (push) or taken from the
+    shared queue (queue), so its floor latency is one formula (`scoring.floor_latencies`).
     """
     keep = profile.accepts(input_tokens=trace.input_tokens, output_tokens=trace.output_tokens)
     return scoring.feasible_windows(
@@ -95,20 +102,24 @@ def feasible(trace: traces.Trace, *, profile: profiles.ReplicaProfile, metric: s
 
 def oracle_problem(trace: traces.Trace, *, policy: policy_model.ScalePolicy,
                    profile: profiles.ReplicaProfile, dt: float = 0.1,
-                   grace_s: float = sim_cluster.TERMINATION_GRACE_S) -> oracle.Problem:
+                   grace_s: float = sim_cluster.TERMINATION_GRACE_S,
+                   dispatch: sim_cluster.Dispatch = "push") -> oracle.Problem:
+    """The oracle's search and replays on the cluster the strategies run on: same pool,
+    grace period and dispatch (its window searches replay that dispatch too)."""
     metric, threshold = slo_of(policy)
     return oracle.Problem(trace=trace, profile=profile, pool=pool_for(policy, profile),
                           policy=policy, metric=metric, threshold_s=threshold, dt=dt,
-                          grace_s=grace_s)
+                          grace_s=grace_s, dispatch=dispatch)
 
 
 def plan_oracle(
     trace: traces.Trace, *, policy: policy_model.ScalePolicy, profile: profiles.ReplicaProfile,
     initial: int | None = None, dt: float = 0.1, warmup_s: float = WARMUP_S,
-    grace_s: float = sim_cluster.TERMINATION_GRACE_S,
+    grace_s: float = sim_cluster.TERMINATION_GRACE_S, dispatch: sim_cluster.Dispatch = "push",
 ) -> oracle.Plan:
     """The oracle's plan: per-window needs, the lower bound, and the repaired replay."""
-    problem = oracle_problem(trace, policy=policy, profile=profile, dt=dt, grace_s=grace_s)
+    problem = oracle_problem(trace, policy=policy, profile=profile, dt=dt, grace_s=grace_s,
+                             dispatch=dispatch)
     windows = feasible(trace, profile=profile, metric=problem.metric,
                        threshold=problem.threshold_s, dt=dt)
     return oracle.make_plan(problem, feasible=windows, initial=initial,
@@ -117,9 +128,11 @@ def plan_oracle(
 
 def initial_replicas_for(trace: traces.Trace, *, policy: policy_model.ScalePolicy,
                          profile: profiles.ReplicaProfile, dt: float = 0.1,
-                         grace_s: float = sim_cluster.TERMINATION_GRACE_S) -> int:
+                         grace_s: float = sim_cluster.TERMINATION_GRACE_S,
+                         dispatch: sim_cluster.Dispatch = "push") -> int:
     """Every strategy's start on this trace (`oracle.initial_replicas`), for `simulate`."""
-    problem = oracle_problem(trace, policy=policy, profile=profile, dt=dt, grace_s=grace_s)
+    problem = oracle_problem(trace, policy=policy, profile=profile, dt=dt, grace_s=grace_s,
+                             dispatch=dispatch)
     windows = feasible(trace, profile=profile, metric=problem.metric,
                        threshold=problem.threshold_s, dt=dt)
     return oracle.initial_replicas(problem, feasible=windows, run=replayer(problem))
@@ -132,7 +145,8 @@ def replayer(problem: oracle.Problem, *, warmup_s: float = WARMUP_S) -> oracle.R
                ) -> sim_cluster.SimCluster:
         return run_strategy(strategy, trace=trace, profile=problem.profile, pool=problem.pool,
                             policy=problem.policy, initial_replicas=start, dt=problem.dt,
-                            warmup_s=warmup_s, grace_s=problem.grace_s)
+                            warmup_s=warmup_s, grace_s=problem.grace_s,
+                            dispatch=problem.dispatch)
 
     return replay
 
@@ -142,6 +156,7 @@ def context_for(
     trace: traces.Trace, pool: sim_cluster.PoolConfig, need: npt.NDArray[np.int64] | None = None,
     initial: int | None = None, dt: float = 0.1, plan: oracle.Plan | None = None,
     grace_s: float = sim_cluster.TERMINATION_GRACE_S, deletion_cost: bool = True,
+    dispatch: sim_cluster.Dispatch = "push",
 ) -> strategies.Context:
     """What strategy constructors read; the oracle's plan (`plan`, or computed when first
     needed) is shared by `oracle` and `static-peak`."""
@@ -149,7 +164,7 @@ def context_for(
         policy=policy, profile=profile, trace=trace, pool=pool,
         rate_need=oracle.oracle_need(trace, profile) if need is None else need,
         planner=lambda: plan_oracle(trace, policy=policy, profile=profile, initial=initial,
-                                    dt=dt, grace_s=grace_s),
+                                    dt=dt, grace_s=grace_s, dispatch=dispatch),
         _plan=plan, deletion_cost=deletion_cost)
 
 
@@ -180,6 +195,7 @@ def run_strategy(
     warmup_s: float = WARMUP_S,
     progress: Progress | None = None,
     grace_s: float = sim_cluster.TERMINATION_GRACE_S,
+    dispatch: sim_cluster.Dispatch = "push",
 ) -> sim_cluster.SimCluster:
     """Drive one cluster with one strategy to the end of the trace and its drain tail.
 
@@ -188,12 +204,13 @@ def run_strategy(
     every accepted request has finished after the trace's end, or at the end of the
     drain tail (`cluster.DRAIN_TAIL_S`): what is still unfinished then is counted
     (`unfinished`) and judged a miss. `grace_s`: a removed replica's
-    terminationGracePeriodSeconds.
+    terminationGracePeriodSeconds; `dispatch`: how requests reach the replicas
+    (`cluster.Dispatch`).
     """
     cluster = sim_cluster.SimCluster(
         trace=trace, profile=profile, pool=pool, initial_replicas=initial_replicas, dt=dt,
         gpus_per_replica=policy.spec.resources.gpus_per_replica, warmup_s=warmup_s,
-        grace_s=grace_s,
+        grace_s=grace_s, dispatch=dispatch,
     )
     next_decision = 0.0
     report_every = max(1, cluster.steps // 100)
@@ -360,6 +377,7 @@ def simulate(
     initial: int | None = None,
     grace_s: float = sim_cluster.TERMINATION_GRACE_S,
     deletion_cost: bool = True,
+    dispatch: sim_cluster.Dispatch = "push",
 ) -> SimulationResult:
     """Run each named strategy on its own copy of the cluster; same trace, same start.
 
@@ -369,24 +387,28 @@ def simulate(
     one its plan already ran. Runs split across processes pass the same `initial`.
     `grace_s`: every cluster's terminationGracePeriodSeconds (`--termination-grace-period`);
     `deletion_cost=False`: `scaler` writes no pod-deletion-cost (`--no-deletion-cost`).
+    `dispatch`: how requests reach the replicas of every cluster (`--dispatch`), the
+    oracle's searches, its start and its replay included, so it bounds the strategies on
+    their own cluster; feasibility is the same under both (`feasible`).
     """
     pool = pool_for(policy, profile)
-    problem = oracle_problem(trace, policy=policy, profile=profile, dt=dt, grace_s=grace_s)
+    problem = oracle_problem(trace, policy=policy, profile=profile, dt=dt, grace_s=grace_s,
+                             dispatch=dispatch)
     metric, threshold = problem.metric, problem.threshold_s
     windows = feasible(trace, profile=profile, metric=metric, threshold=threshold, dt=dt)
     plan: oracle.Plan | None = None
     if any(name in PLANNED for name in names):
         plan = plan_oracle(trace, policy=policy, profile=profile, dt=dt, initial=initial,
-                           grace_s=grace_s)
+                           grace_s=grace_s, dispatch=dispatch)
         start = plan.initial
     elif initial is not None:
         start = initial
     else:
         start = initial_replicas_for(trace, policy=policy, profile=profile, dt=dt,
-                                     grace_s=grace_s)
+                                     grace_s=grace_s, dispatch=dispatch)
     context = context_for(policy=policy, profile=profile, trace=trace, pool=pool,
                           initial=start, dt=dt, plan=plan, grace_s=grace_s,
-                          deletion_cost=deletion_cost)
+                          deletion_cost=deletion_cost, dispatch=dispatch)
     results: dict[str, StrategyResult] = {}
     for name in names:
         strategy = strategies.make(name, context)
@@ -396,7 +418,7 @@ def simulate(
                 strategy, static_peak.StaticPeak) else start
             cluster = run_strategy(strategy, trace=trace, profile=profile, pool=pool,
                                    policy=policy, initial_replicas=own, dt=dt,
-                                   progress=progress, grace_s=grace_s)
+                                   progress=progress, grace_s=grace_s, dispatch=dispatch)
         summary = summarize(cluster, policy=policy, metric=metric, threshold=threshold,
                             feasible_windows=windows)
         if name == "oracle":
@@ -404,4 +426,4 @@ def simulate(
         results[name] = StrategyResult(name=name, summary=summary,
                                        series=series(cluster, metric=metric))
     return SimulationResult(trace=trace, policy=policy, profile=profile, slo_metric=metric,
-                            slo_threshold_s=threshold, results=results)
+                            slo_threshold_s=threshold, results=results, dispatch=dispatch)

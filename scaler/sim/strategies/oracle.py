@@ -129,6 +129,9 @@ class Problem:
     # A removed replica's terminationGracePeriodSeconds (SimCluster.grace_s): the oracle
     # replays its schedules on the same cluster as the strategies it bounds.
     grace_s: float = sim_cluster.TERMINATION_GRACE_S
+    # How requests reach the replicas (SimCluster.dispatch): the window searches and the
+    # replays use the strategies' own.
+    dispatch: sim_cluster.Dispatch = "push"
 
     @property
     def gpus_per_replica(self) -> int:
@@ -186,7 +189,8 @@ def window_meets(problem: Problem, *, requests: IntArray, start_s: float, replic
         trace=window, profile=problem.profile,
         pool=sim_cluster.PoolConfig(gpus_per_node=problem.pool.gpus_per_node,
                                     node_boot_s=problem.pool.node_boot_s),
-        initial_replicas=replicas, dt=problem.dt, gpus_per_replica=problem.gpus_per_replica)
+        initial_replicas=replicas, dt=problem.dt, gpus_per_replica=problem.gpus_per_replica,
+        dispatch=problem.dispatch)
     failing = scoring.misses_failing(requests.size)
     harmless = scoring.misses_harmless(requests.size)
     threshold = problem.threshold_s + scoring.EPSILON_S
