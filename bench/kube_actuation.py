@@ -35,18 +35,16 @@ import time
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scaler.actuators import base, cluster_reader, events, replicas, resources, watch  # noqa: E402
+from scaler.actuators import client as kube  # noqa: E402
 from scaler.actuators import settings as kube_settings  # noqa: E402
 from scaler.emulator import Fault  # noqa: E402
 from scaler.emulator import env as kube_env  # noqa: E402
 from scaler.engine import types  # noqa: E402
 from scaler.policy import model  # noqa: E402
-
-Obj = dict[str, Any]  # an API object, as `scaler.actuators.client` has it
 
 
 def policy(namespace: str, name: str) -> model.ScalePolicy:
@@ -115,7 +113,7 @@ async def reads(kube: kube_env.KubeTestEnv, settings: kube_settings.KubeSettings
     return f"{quantiles(latencies)}, {per_read:.2f} API requests a read{lag}"
 
 
-async def held_kib(kube: kube_env.KubeTestEnv, keep: Callable[[Obj], Obj], count: int
+async def held_kib(kube: kube_env.KubeTestEnv, keep: Callable[[kube.Obj], kube.Obj], count: int
                    ) -> float:
     """KiB an object that an informer's copy of the namespace's Deployments holds, kept by
     `keep`: the traced memory the copy frees when dropped, over `count` objects."""
