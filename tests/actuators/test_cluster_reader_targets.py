@@ -120,11 +120,14 @@ async def test_the_target_watch_keeps_only_what_a_read_needs(
     key = f"{ref.namespace}/{ref.name}"
     await until(lambda: replicas.spec_replicas(informer.objects[key]) == 3)
     held = informer.objects[key]
+    # status.replicas is the controller's to write, at its own pace (here and in a real
+    # cluster): its value races the read, what is kept of it does not.
     assert held == {
         "metadata": {"name": "llama", "namespace": kube.namespace,
                      "resourceVersion": held["metadata"]["resourceVersion"]},
         "spec": {"replicas": 3, "selector": served["spec"]["selector"]},
-        "status": {"replicas": (served.get("status") or {}).get("replicas")}}
+        "status": {"replicas": held["status"]["replicas"]}}
+    assert held["status"]["replicas"] in (None, 2, 3)
 
 
 async def test_an_informer_keeps_no_managed_fields(kube: KubeTestEnv) -> None:
