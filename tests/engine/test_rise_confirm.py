@@ -1,0 +1,81 @@
+"""A rise the utilisation margin absorbs is confirmed before it buys a replica
+(`decide._rise_confirmed`): one reading's swing is not load."""
+
+from __future__ import annotations
+
+from scaler.engine import decide as engine_decide
+from tests.engine.helpers import Sim, policy, snap
+
+# 1,000 tokens/s a replica at 0.8: 3,200 tokens/s is 4.0 replicas, 3,760 is 4.7 (within
+# the 1 / 0.8 = 1.25x margin of 4, beyond the 10 % tolerance), 4,400 is 5.5 (beyond it).
+SIGNALS = {"tokensPerSecond": {"capacityPerReplica": 1000, "targetUtilization": 0.8},
+           "queueDepth": {"targetWaitingPerReplica": 4},
+           "p95Latency": {"metric": "ttft", "sloSeconds": 2.0}}
+STEADY, SWING, BEYOND = 3200.0, 3760.0, 4400.0
+CALM = {"waiting": 0.0, "p95": 0.3}
+
+
+def steady_sim() -> Sim:
+    sim = Sim(policy(signals=SIGNALS), current=4)
+    for t in range(31):
+        assert sim.step(t, snap(tps=STEADY, **CALM)) == 4
+    return sim
+
+
+def test_one_swing_within_the_margin_buys_nothing() -> None:
+    sim = steady_sim()
+    assert sim.step(31, snap(tps=SWING, **CALM)) == 4
+    assert sim.last is not None
+    assert any("utilisation margin absorbs" in note for note in sim.last.notes)
+    # Nothing was recorded for the down window to hold: the count stays 4 afterwards.
+    for t in range(32, 400, 10):
+        assert sim.step(t, snap(tps=STEADY, **CALM)) == 4, t
+
+
+def test_a_rise_read_for_the_confirm_time_scales_up() -> None:
+    sim = steady_sim()
+    confirm = int(engine_decide.RISE_CONFIRM_S)
+    for t in range(31, 31 + confirm):
+        assert sim.step(t, snap(tps=SWING, **CALM)) == 4, t
+    assert sim.step(31 + confirm, snap(tps=SWING, **CALM)) == 5
+
+
+def test_a_dip_inside_the_confirm_time_starts_it_again() -> None:
+    sim = steady_sim()
+    confirm = int(engine_decide.RISE_CONFIRM_S)
+    for t in range(31, 41):
+        sim.step(t, snap(tps=SWING, **CALM))
+    sim.step(41, snap(tps=STEADY, **CALM))
+    for t in range(42, 42 + confirm):
+        assert sim.step(t, snap(tps=SWING, **CALM)) == 4, t
+    assert sim.step(42 + confirm, snap(tps=SWING, **CALM)) == 5
+
+
+def test_waiting_requests_confirm_at_once() -> None:
+    sim = steady_sim()
+    # 3 waiting at 4 ready is more than half a request each: the replicas are full.
+    assert sim.step(31, snap(tps=SWING, waiting=3.0, p95=0.3)) == 5
+
+
+def test_latency_towards_the_slo_confirms_at_once() -> None:
+    sim = steady_sim()
+    assert sim.step(31, snap(tps=SWING, waiting=0.0, p95=1.2)) == 5
+
+
+def test_unknown_strain_confirms_at_once() -> None:
+    sim = steady_sim()
+    assert sim.step(31, snap(tps=SWING)) == 5  # no queue or latency reading
+
+
+def test_a_rise_beyond_the_margin_acts_at_once() -> None:
+    sim = steady_sim()
+    assert sim.step(31, snap(tps=BEYOND, **CALM)) == 6
+
+
+def test_without_a_tokens_rule_nothing_is_held() -> None:
+    # Concurrency alone has no utilisation target, so no margin to absorb a swing.
+    sim = Sim(policy(signals={"concurrency": {"targetPerReplica": 10},
+                              "queueDepth": {"targetWaitingPerReplica": 4}}), current=4)
+    for t in range(31):
+        assert sim.step(t, snap(running=40, waiting=0)) == 4
+    assert sim.step(31, snap(running=47, waiting=0)) == 5
