@@ -425,8 +425,9 @@ def recommend_replicas(draft: Draft) -> str:
                            f"{tolerance:.0%} of {current}: no change")
         raw = max([current] + [r for r, rule, _ in candidates
                                if rule.kind is not Kind.CAPACITY])
-    if (winner.kind is Kind.CAPACITY and current > 0 and raw > current
-            and not _rise_confirmed(draft, current=current, demand=raw_demand)):
+    unconfirmed = (winner.kind is Kind.CAPACITY and current > 0 and raw > current
+                   and not _rise_confirmed(draft, current=current, demand=raw_demand))
+    if unconfirmed:
         draft.notes.append(f"{winner} at {raw_demand:.2f} replicas is a rise the "
                            f"utilisation margin absorbs, not yet read for "
                            f"{RISE_CONFIRM_S:.0f} s with the replicas unstrained: no change")
@@ -439,7 +440,8 @@ def recommend_replicas(draft: Draft) -> str:
                 if rule.kind is Kind.CAPACITY and rule not in BACKLOG_READINGS]
         if any(rule is Rule.ARRIVAL_RATE for _, rule, _ in candidates):
             draft.load_raw = min(raw, max(load))
-    return f"{raw} replicas ({winner})"
+    return f"{raw} replicas ({winner}" + ("; a rise within the margin, not yet confirmed)"
+                                         if unconfirmed else ")")
 
 
 # A rise within the utilisation margin must be read this long before it buys a replica:

@@ -27,6 +27,8 @@ def test_one_swing_within_the_margin_buys_nothing() -> None:
     assert sim.step(31, snap(tps=SWING, **CALM)) == 4
     assert sim.last is not None
     assert any("utilisation margin absorbs" in note for note in sim.last.notes)
+    recommend = next(step for step in sim.last.steps if step.name == "recommend")
+    assert "not yet confirmed" in recommend.detail
     # Nothing was recorded for the down window to hold: the count stays 4 afterwards.
     for t in range(32, 400, 10):
         assert sim.step(t, snap(tps=STEADY, **CALM)) == 4, t
