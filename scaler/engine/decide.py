@@ -466,7 +466,8 @@ def _rise_confirmed(draft: Draft, *, current: int, demand: float) -> bool:
     +-6 %, and the down window keeps the highest count of its 300 s, so one swing to
     4.7 replicas where 3.9 are needed held a fifth replica for five minutes (square wave
     -14 % GPU-hours, Azure conv -9 %, windows unchanged: docs/benchmarks.md).
-    Only with a tokens/s rule, whose target gives the margin.
+    Only with a tokens/s rule, whose target gives the margin; within half the forecast
+    window when that is shorter than 40 s (the demand samples reach back that far).
     """
     spec, snapshot = draft.spec, draft.snapshot
     if spec.tokens is None or demand > current / spec.tokens.target_utilization:
@@ -478,7 +479,9 @@ def _rise_confirmed(draft: Draft, *, current: int, demand: float) -> bool:
     if spec.latency is not None and (p95 is None or not p95.fresh
                                      or p95.value > STRAIN_SLO_SHARE * spec.latency.slo_s):
         return True
-    since = draft.now - RISE_CONFIRM_S
+    # The demand samples reach back one forecast window: a window shorter than twice the
+    # confirm time (`forecast.windowSeconds` may be 10 s) confirms within half of it.
+    since = draft.now - min(RISE_CONFIRM_S, spec.forecast_window_s / 2)
     samples = draft.samples
     if not samples or samples[0].at > since:
         return False

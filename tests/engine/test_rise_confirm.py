@@ -81,3 +81,15 @@ def test_without_a_tokens_rule_nothing_is_held() -> None:
     for t in range(31):
         assert sim.step(t, snap(running=40, waiting=0)) == 4
     assert sim.step(31, snap(running=47, waiting=0)) == 5
+
+
+def test_a_short_forecast_window_confirms_within_half_of_it() -> None:
+    # The demand samples reach back one forecast window (10 s here): a rise is confirmed
+    # after 5 s, not held until strain shows.
+    sim = Sim(policy(signals=SIGNALS, forecast={"enabled": False, "windowSeconds": 10}),
+              current=4)
+    for t in range(31):
+        assert sim.step(t, snap(tps=STEADY, **CALM)) == 4
+    for t in range(31, 36):
+        assert sim.step(t, snap(tps=SWING, **CALM)) == 4, t
+    assert sim.step(36, snap(tps=SWING, **CALM)) == 5
