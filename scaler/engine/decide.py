@@ -430,7 +430,7 @@ def recommend_replicas(draft: Draft) -> str:
     if unconfirmed:
         draft.notes.append(f"{winner} at {raw_demand:.2f} replicas is a rise the "
                            f"utilisation margin absorbs, not yet read for "
-                           f"{RISE_CONFIRM_S:.0f} s with the replicas unstrained: no change")
+                           f"{_confirm_s(spec):.0f} s with the replicas unstrained: no change")
         raw = max([current] + [r for r, rule, _ in candidates
                                if rule.kind is not Kind.CAPACITY])
     draft.raw, draft.winner, draft.desired = raw, winner, raw
@@ -453,6 +453,13 @@ STRAIN_WAITING_PER_REPLICA = 0.5
 STRAIN_SLO_SHARE = 0.5
 
 
+def _confirm_s(spec: engine_spec.EngineSpec) -> float:
+    """How long a rise within the margin must be read: RISE_CONFIRM_S, or half the
+    forecast window when that is shorter (the demand samples reach back one window, and
+    `forecast.windowSeconds` may be 10 s)."""
+    return min(RISE_CONFIRM_S, spec.forecast_window_s / 2)
+
+
 def _rise_confirmed(draft: Draft, *, current: int, demand: float) -> bool:
     """Whether a capacity reading above the count (beyond the tolerance) is a rise to act
     on now, or a swing that the policy's utilisation margin absorbs.
@@ -466,8 +473,8 @@ def _rise_confirmed(draft: Draft, *, current: int, demand: float) -> bool:
     +-6 %, and the down window keeps the highest count of its 300 s, so one swing to
     4.7 replicas where 3.9 are needed held a fifth replica for five minutes (square wave
     -14 % GPU-hours, Azure conv -9 %, windows unchanged: docs/benchmarks.md).
-    Only with a tokens/s rule, whose target gives the margin; within half the forecast
-    window when that is shorter than 40 s (the demand samples reach back that far).
+    Only with a tokens/s rule, whose target gives the margin. `demand` carries the
+    policy's headroom, and so do the samples it is confirmed by.
     """
     spec, snapshot = draft.spec, draft.snapshot
     if spec.tokens is None or demand > current / spec.tokens.target_utilization:
@@ -479,14 +486,14 @@ def _rise_confirmed(draft: Draft, *, current: int, demand: float) -> bool:
     if spec.latency is not None and (p95 is None or not p95.fresh
                                      or p95.value > STRAIN_SLO_SHARE * spec.latency.slo_s):
         return True
-    # The demand samples reach back one forecast window: a window shorter than twice the
-    # confirm time (`forecast.windowSeconds` may be 10 s) confirms within half of it.
-    since = draft.now - min(RISE_CONFIRM_S, spec.forecast_window_s / 2)
+    since = draft.now - _confirm_s(spec)
     samples = draft.samples
     if not samples or samples[0].at > since:
         return False
+    # The samples are the load; the reading compared with the count carries the headroom.
     bar = current * (1 + spec.tolerance)
-    return all(sample.demand > bar for sample in samples if sample.at >= since)
+    return all(spec.with_headroom(sample.demand) > bar for sample in samples
+               if sample.at >= since)
 
 
 # Weight of a new observation in the learned load per request: about the last 10 s of

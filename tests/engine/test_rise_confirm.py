@@ -93,3 +93,15 @@ def test_a_short_forecast_window_confirms_within_half_of_it() -> None:
     for t in range(31, 36):
         assert sim.step(t, snap(tps=SWING, **CALM)) == 4, t
     assert sim.step(36, snap(tps=SWING, **CALM)) == 5
+
+
+def test_headroom_is_confirmed_by_the_same_samples() -> None:
+    # One spare replica: 3,200 tokens/s is 4.0 replicas of load + 1 = 5.0 held; 3,700
+    # (4.625 + 1 = 5.6 at 5, within the margin) read for the confirm time buys the sixth.
+    sim = Sim(policy(signals=SIGNALS, headroom={"replicas": 1}), current=5)
+    for t in range(31):
+        assert sim.step(t, snap(tps=STEADY, **CALM)) == 5
+    confirm = int(engine_decide.RISE_CONFIRM_S)
+    for t in range(31, 31 + confirm):
+        assert sim.step(t, snap(tps=3700.0, **CALM)) == 5, t
+    assert sim.step(31 + confirm, snap(tps=3700.0, **CALM)) == 6
