@@ -472,7 +472,8 @@ def _rise_confirmed(draft: Draft, *, current: int, demand: float) -> bool:
     rise acts at once. Why: a 10 s tokens/s rate of a steady 40 req/s chat load swings by
     +-6 %, and the down window keeps the highest count of its 300 s, so one swing to
     4.7 replicas where 3.9 are needed held a fifth replica for five minutes (square wave
-    -14 % GPU-hours, Azure conv -9 %, windows unchanged: docs/benchmarks.md).
+    -14 % GPU-hours, Azure conv -9 %, no window lost at the suite's seeds:
+    docs/benchmarks.md).
     Only with a tokens/s rule, whose target gives the margin. `demand` carries the
     policy's headroom, and so do the samples it is confirmed by.
     """
