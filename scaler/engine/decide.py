@@ -419,18 +419,20 @@ def recommend_replicas(draft: Draft) -> str:
     # On a tie the signal, not the forecast, is named: it is the plainer reason.
     raw, winner, raw_demand = max(candidates, key=lambda c: (c[0], c[1] is not Rule.FORECAST))
     tolerance = draft.spec.tolerance
-    if (winner.kind is Kind.CAPACITY and current > 0 and raw != current
-            and abs(raw_demand / current - 1) <= tolerance):
+    within_tolerance = unconfirmed = False
+    if winner.kind is Kind.CAPACITY and current > 0 and raw != current:
+        within_tolerance = abs(raw_demand / current - 1) <= tolerance
+        unconfirmed = (not within_tolerance and raw > current
+                       and not _rise_confirmed(draft, current=current, demand=raw_demand))
+    if within_tolerance:
         draft.notes.append(f"{winner} at {raw_demand:.2f} replicas is within "
                            f"{tolerance:.0%} of {current}: no change")
-        raw = max([current] + [r for r, rule, _ in candidates
-                               if rule.kind is not Kind.CAPACITY])
-    unconfirmed = (winner.kind is Kind.CAPACITY and current > 0 and raw > current
-                   and not _rise_confirmed(draft, current=current, demand=raw_demand))
-    if unconfirmed:
+    elif unconfirmed:
         draft.notes.append(f"{winner} at {raw_demand:.2f} replicas is a rise the "
                            f"utilisation margin absorbs, not yet read for "
                            f"{_confirm_s(spec):.0f} s with the replicas unstrained: no change")
+    if within_tolerance or unconfirmed:
+        # The capacity measure changes nothing; the queue and latency guards still may.
         raw = max([current] + [r for r, rule, _ in candidates
                                if rule.kind is not Kind.CAPACITY])
     draft.raw, draft.winner, draft.desired = raw, winner, raw
