@@ -673,8 +673,9 @@ def expect_return(draft: Draft) -> str:
     if gap is None or state.drop_at is None:
         return note
     lead = _return_lead_s(draft)
-    if gap <= lead:
-        return note or f"load comes back after {gap:.0f} s, sooner than a restart: hold"
+    if not _worth_releasing(gap, lead):
+        return note or f"load comes back after {gap:.0f} s, sooner than a release and a " \
+                       "restart: hold"
     due = state.drop_at + gap
     if now > due + RETURN_TOLERANCE * gap:
         draft.state = dataclasses.replace(state, returns=0, return_gap_s=None)
@@ -690,17 +691,31 @@ def expect_return(draft: Draft) -> str:
     return f"load expected back in {max(0.0, due - now):.0f} s: {state.drop_level} replicas"
 
 
+def _worth_releasing(gap: float, lead: float) -> bool:
+    """Whether releasing replicas through an absence of `gap` seconds saves GPU time:
+    they are held RELEASE_HOLD_S after the drop and started `lead` s before the return,
+    so they are away only for gap - RELEASE_HOLD_S - lead."""
+    return gap > lead + RELEASE_HOLD_S
+
+
 def restart_hold(draft: Draft) -> tuple[int, str]:
     """How long to hold replicas the load no longer needs, weighing a restart.
 
-    The policy's down window, unless a return is planned (`expect_return`): then one SLO
-    window, because the replicas are started again ahead of the load. A dip and a quick
-    return (shorter than a restart) keep the whole window: holding is the cheaper choice,
-    and noise never turns into restarts.
+    The policy's down window, unless a return is planned (`expect_return`) and the load
+    is away now: then one SLO window, because the replicas are started again ahead of the
+    load. A dip, a return sooner than a release and a restart take, and the load while
+    it is here keep the whole window: holding is the cheaper choice, noise never turns
+    into restarts, and a load climbing back (its first readings still low) is never
+    read as one that left. Example: a square wave 180 s off, pod start 105 s: released
+    at drop + 60 s and started again at return - 165 s, the replicas would be away for
+    no time at all, so they are held; and at the return that taught the pattern, a 60 s
+    window reaching back into the off phase had released one of 3 replicas while the
+    load climbed back, and the window of that minute missed its SLO.
     """
     window = draft.spec.behavior.scale_down.stabilization_seconds
     gap = _pattern(draft.state)
-    if gap is None or gap <= _return_lead_s(draft):
+    if (gap is None or draft.state.drop_at is None
+            or not _worth_releasing(gap, _return_lead_s(draft))):
         return window, ""
     seconds = min(window, math.ceil(RELEASE_HOLD_S))
     return seconds, f"load returns about every {gap:.0f} s: released after {seconds} s, " \

@@ -266,6 +266,26 @@ vanished. A larger push buys replicas that arrive after the SLO is restored (the
 asked for 37 x ready when it read waits of a backlog already drained); later decisions
 can push again, counted from the replicas ready by then."""
 
+SHORT_QUEUE_BOUND = 1.5
+"""A push on a short queue's wait (not an overload) is at most this x the largest capacity
+reading: memory-bound replicas under-read their need (a mean KV cache at its target while
+the replicas long answers were routed to are full), but by a share, not by multiples; and
+under 2, so a model whose every capacity signal reads under half of max is never pushed to
+it (for max of 4 and more)."""
+
+
+def queue_wait_s(waiting: types.SignalValue,
+                 completed: types.SignalValue | None) -> float | None:
+    """How long a request joining the queue now waits, by Little's law: the requests
+    waiting / the requests finishing per second (each one that ends frees the batch slot
+    and the KV-cache room the head of the queue takes). None without a fresh, positive
+    completion rate. Example: 13 waiting while 3 answers of 5,000 tokens end a second ->
+    4.3 s, though 13 is far below what 5 replicas admit at once when memory is free.
+    """
+    if completed is None or not _fresh(completed) or completed.value <= 0:
+        return None
+    return waiting.value / completed.value
+
 
 def p95_latency(
     rule: engine_spec.LatencyRule,
@@ -273,15 +293,22 @@ def p95_latency(
     snapshot: types.SignalSnapshot,
     cluster: types.ClusterState,
     overload_waiting_per_replica: float,
+    capacity: float | None = None,
 ) -> Opinion:
     """A guard that reads the present: above the SLO while requests still wait, push up.
 
     - Latency histograms are filled when first tokens (or answers) come out, so requests
       that queued during a step report their waits after capacity arrived. The guard acts
-      only while the model is overloaded (more waiting than the ready replicas admit at
-      once, `EngineSpec.overload_waiting_per_replica` each): once the queue is back
-      within that, new requests start promptly and the long latencies read are of a
-      backlog already served (two minutes after one drained, the guard read 75 s).
+      while the model is overloaded (more waiting than the ready replicas admit at once,
+      `EngineSpec.overload_waiting_per_replica` each): once the queue is back within
+      that, new requests start promptly and the long latencies read are of a backlog
+      already served (two minutes after one drained, the guard read 75 s).
+    - Or while a short queue itself waits longer than the SLO (`queue_wait_s`): where
+      memory, not batch slots, admits requests (long answers holding the KV cache), one
+      enters only when an answer ends, and a few waiting are minutes of queue. That push
+      is bounded by the capacity signals: at most SHORT_QUEUE_BOUND x the largest of them
+      (`capacity`), none without one, so a model is never pushed to max while every
+      capacity signal reads under half of it.
     - A violation must be certain from the buckets: the share of observations within the
       SLO is bounded by the bucket edges around it (`Histogram.share_within`), and the
       guard pushes only when even the upper bound is below 95 %. Interpolating across a
@@ -291,6 +318,9 @@ def p95_latency(
     - The push is ready x min(p95 / SLO, GUARD_MAX_STEP), from *ready* replicas, so
       replicas still starting never make it add yet another.
     Example: p95 3.0 s against a 2.0 s SLO, 4 ready, 30 waiting -> 4 x 1.5 = 6 replicas.
+    With 5,000-token answers, 4 ready, 6 waiting (within the bound of 32) while 1.5
+    answers end a second: the queue waits 4 s, p95 7 s, the KV cache reads 4.1 -> 4 x 2 = 8,
+    at most 1.5 x 4.1 = 6.1: 7 replicas.
     """
     value = snapshot.p95_latency
     if not _fresh(value) or value is None:
@@ -304,11 +334,18 @@ def p95_latency(
     if cluster.ready == 0:
         return no_push("no ready replica to measure")
     waiting = snapshot.queue_depth
+    bound, present = math.inf, ""
     if (_fresh(waiting) and waiting is not None
             and waiting.value <= overload_waiting_per_replica * cluster.ready):
-        return no_push(f"p95 {value.value:.3g}s, but the queue ({waiting.value:g} waiting) is "
-                       "within what the ready replicas admit at once: those latencies are "
-                       "of requests already served")
+        wait = queue_wait_s(waiting, snapshot.completion_rate)
+        if wait is None or wait <= slo or capacity is None:
+            return no_push(f"p95 {value.value:.3g}s, but the queue ({waiting.value:g} "
+                           "waiting) is within what the ready replicas admit at once: "
+                           "those latencies are of requests already served")
+        bound = SHORT_QUEUE_BOUND * capacity
+        present = (f"; {waiting.value:g} waiting wait {wait:.3g}s at the rate answers "
+                   f"end (at most {SHORT_QUEUE_BOUND:g} x {capacity:.3g} replicas, the "
+                   "capacity signals' most)")
     bounds = None if value.histogram is None else value.histogram.share_within(slo)
     if bounds is not None:
         low, high = bounds
@@ -321,9 +358,10 @@ def p95_latency(
         return no_push(f"p95 {value.value:.3g}s within SLO {slo:g}s")
     ratio = min(value.value / slo, GUARD_MAX_STEP)
     detail = (f"p95 {value.value:.3g}s > SLO {slo:g}s: {cluster.ready} ready x {ratio:.2f}"
-              + (f" (capped at {GUARD_MAX_STEP:g}x)" if ratio < value.value / slo else ""))
+              + (f" (capped at {GUARD_MAX_STEP:g}x)" if ratio < value.value / slo else "")
+              + present)
     return opinion(types.Rule.P95_LATENCY, value=value, fresh=True,
-                   demand=cluster.ready * ratio, detail=detail)
+                   demand=min(cluster.ready * ratio, bound), detail=detail)
 
 
 def signal_opinions(
@@ -345,5 +383,8 @@ def signal_opinions(
     if spec.latency is not None:
         opinions.append(p95_latency(
             spec.latency, snapshot=snapshot, cluster=cluster,
-            overload_waiting_per_replica=spec.overload_waiting_per_replica))
+            overload_waiting_per_replica=spec.overload_waiting_per_replica,
+            capacity=max([o.demand for o in opinions
+                          if o.kind is types.OpinionKind.CAPACITY and o.demand is not None],
+                         default=None)))
     return opinions

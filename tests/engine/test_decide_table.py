@@ -156,6 +156,40 @@ def test_latency_guard_reads_the_present_and_knows_its_buckets(
     assert sim.step(0, snapshot) == expected, case
 
 
+MEMORY_GUARD = policy(signals={"concurrency": {"targetPerReplica": 10},
+                               "kvCache": {"targetUtilization": 0.8},
+                               "p95Latency": {"metric": "ttft", "sloSeconds": 2.0}})
+
+
+@pytest.mark.parametrize(
+    ("case", "finishing", "kv_used", "expected"),
+    [
+        # 3 waiting on 4 ready is within what they admit at once when a batch slot or
+        # KV-cache room is free; where long answers hold the memory, one enters only when
+        # another ends, and the queue's wait is waiting / finishing (Little's law).
+        # Concurrency reads 2.3 replicas ((20 + 3) / 10), the cache 4 x used / 0.8, and
+        # the push (4 x 2 for p95 9 s) is at most 1.5 x the larger.
+        ("1 answer a second ends: the 3 wait 3 s, over the SLO now: 1.5 x 4.25 -> 7",
+         1.0, 0.85, 7),
+        ("10 answers a second end: 0.3 s, the p95 read is past: no push", 10.0, 0.85, 4),
+        ("no completion rate: the queue's wait is unknown, no push", None, 0.85, 4),
+        ("a lower cache reading bounds it lower: 1.5 x 3.5 -> 6", 1.0, 0.7, 6),
+    ],
+)
+def test_latency_guard_reads_the_wait_of_a_short_queue(
+    case: str, finishing: float | None, kv_used: float, expected: int
+) -> None:
+    sim = Sim(MEMORY_GUARD, current=4)
+    snapshot = types.SignalSnapshot(
+        in_flight=value(20), p95_latency=latency(9.0), queue_depth=value(3.0),
+        completion_rate=None if finishing is None else value(finishing),
+        kv_cache_usage=value(kv_used))
+    assert sim.step(0, snapshot) == expected, case
+    assert sim.last is not None
+    guard = next(s for s in sim.last.signals if s.name == "p95_latency")
+    assert ("at the rate answers end" in guard.detail) == (expected > 4), case
+
+
 def test_rate_limit_pods_per_period() -> None:
     p = policy(behavior={
         "scaleUp": {"stabilizationSeconds": 0,
@@ -781,6 +815,41 @@ def test_restart_aware_plans_a_return_that_keeps_coming() -> None:
     # Replica-seconds over the last two periods, once the pattern is known.
     assert (sum(c for t, c in planned if t >= 1400)
             < 0.9 * sum(c for t, c in held if t >= 1400))
+
+
+def test_restart_aware_holds_while_the_load_climbs_back() -> None:
+    # 80 running for 300 s, 20 for 200 s; from the second period the load climbs back
+    # over 30 s (20 -> 80 running), as a rate read over a window does. The second return
+    # (t = 1010, 40 running) teaches the pattern: 200 s is longer than the 60 s release
+    # hold and the 120 s lead, so the next off phase is released. But the load is here
+    # and climbing: the policy's window, not one SLO window reaching back into the off
+    # phase, holds the 8 (with 60 s it released 4 of them at 1010 and bought them back).
+    aware = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=8)
+    counts = []
+    for begin in range(0, 1500, 500):
+        for t in range(begin, begin + 500, 5):
+            climbing = begin > 0 and t < begin + 30
+            running = 20.0 + 2.0 * (t - begin) if climbing else (80.0 if t < begin + 300
+                                                                 else 20.0)
+            counts.append((t, aware.step(t, snap(running=running))))
+    assert aware.state.returns >= 2
+    assert all(c == 8 for t, c in counts if t < 1300)
+    # Once the load is away again, the pattern releases them after one SLO window.
+    assert min(c for t, c in counts if 1300 <= t < 1380) < 8
+
+
+def test_restart_aware_says_it_holds_a_gap_a_release_would_not_save() -> None:
+    # Off 170 s: released 60 s after the drop and started 120 s before the return, the
+    # replicas would never be away. The pattern is learned, the window holds them, and
+    # the explanation says so (it used to say they were released after 60 s).
+    aware = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=8)
+    counts = _square(aware, start=0, on_s=300, off_s=170, cycles=5)
+    assert aware.state.returns >= 2
+    assert min(c for _, c in counts) == 8
+    assert aware.last is not None
+    details = [s.detail for s in aware.last.steps]
+    assert any("sooner than a release and a restart" in d for d in details)
+    assert not any("released after" in d for d in details)
 
 
 def test_restart_aware_keeps_the_window_through_dips_and_forgets_a_pattern() -> None:

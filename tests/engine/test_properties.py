@@ -157,7 +157,8 @@ def test_never_pinned_at_max_while_every_capacity_signal_reads_under_half(
     # Concurrency (10 per replica), tokens/s (1,000 per replica) and the arrival rate
     # (0.1 replicas per req/s once learned) all read under half of max, the queue within
     # what the ready replicas hold (2 per replica) and latency anywhere up to 10x the SLO:
-    # the count may rise, never to max. (The guard acts only under overload; the look-ahead
+    # the count may rise, never to max. (The guard pushes on a short queue only when it
+    # waits past the SLO, and then at most 1.5x the capacity readings; the look-ahead
     # extrapolates at most the history it has seen.)
     p = policy(replicas={"min": 1, "max": top},
                signals={"concurrency": {"targetPerReplica": 10},
