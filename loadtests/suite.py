@@ -11,6 +11,7 @@ Pareto view, with the oracle and static-peak as reference points).
     .venv/bin/python -m loadtests.suite --out /tmp/suite --headroom replicas=1 \
         --headroom fraction=0.25   # also the scaler with spare capacity: its price
     .venv/bin/python -m loadtests.suite --out /tmp/suite --seeds 3   # over three seeds
+    .venv/bin/python -m loadtests.suite --out /tmp/holdout --holdout  # loads not tuned on
 
 A `--headroom` variant is the scaler strategy on the policy with `spec.headroom` set, named
 `scaler+1` (one spare replica) or `scaler+25%` (a quarter more capacity), beside the
@@ -21,6 +22,9 @@ drawn with seeds 3, 4, ..., the shared traces loaded with 1, 2, ...: ServeGen dr
 arrivals and a rate scale draws its copies' offsets), a trace whose loading takes no seed
 once; summary.json and the page then add each seed's cells and, per strategy, the mean
 and the worst seed, and the run ends with a table of them.
+
+`--holdout` replays the hold-out shapes (HOLDOUT) instead: ten loads the example policy
+was not tuned on, to check that what the suite shows is behaviour, not a fit.
 
 Shared traces are read from `../shared/traces` beside the repository (or
 `$SCALER_TRACES`); what is absent is skipped with a line saying so.
@@ -40,12 +44,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from loadtests import scenarios
 from scaler.policy import loader, model
+from scaler.sim import cluster as sim_cluster
 from scaler.sim import profiles, report, run, strategies, traces
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,6 +78,35 @@ FULL: dict[str, dict[str, float]] = {
     "bimodal": {"duration": 1800.0},
     "long-output": {"duration": 1800.0},
 }
+# The hold-out set (`--holdout`): shapes of loadtests/scenarios.py with parameters the
+# example was not tuned on, to check that what the suite shows holds on loads it does
+# not see: spikes shorter than a pod start, square waves faster and slower than the
+# down window, a step within the margin's reach and one past a node, a fast flash crowd,
+# a falling ramp, a one-hour day, heavier long prompts and 5,000-token answers. Label ->
+# (shape, parameters); drawn with HOLDOUT_SEED.
+HOLDOUT: dict[str, tuple[str, dict[str, float]]] = {
+    "spikes": ("square", {"low": 5.0, "high": 60.0, "period": 300.0, "duty": 0.25,
+                          "cycles": 6.0}),
+    "square-slow": ("square", {"low": 5.0, "high": 40.0, "period": 1200.0, "cycles": 2.0}),
+    "square-fast": ("square", {"low": 0.0, "high": 30.0, "period": 360.0, "cycles": 5.0}),
+    "step-small": ("step", {"low": 20.0, "high": 32.0, "at": 300.0, "hold": 900.0,
+                            "after": 600.0}),
+    "step-big": ("step", {"low": 5.0, "high": 120.0, "at": 300.0, "hold": 900.0,
+                          "after": 600.0}),
+    "flash-fast": ("flash", {"base": 8.0, "peak": 120.0, "at": 300.0, "rise": 10.0,
+                             "decay": 120.0, "duration": 1800.0}),
+    "ramp-down": ("ramp", {"low": 70.0, "high": 4.0, "duration": 1800.0, "hold": 300.0}),
+    "daily-1h": ("daily", {"trough": 3.0, "peak": 45.0, "day": 3600.0, "duration": 3600.0}),
+    "lc-heavy": ("long-context", {"rate": 8.0, "share": 0.4, "long_input": 12000.0,
+                                  "duration": 1800.0}),
+    "lo-huge": ("long-output", {"rate": 3.0, "output_mean": 5000.0, "duration": 1800.0}),
+}
+HOLDOUT_SEED = 11
+# A removed replica's grace period per hold-out label, where the default (30 s) would cut
+# answers at every scale-down: 5,000-token answers take ~3 minutes, and a model serving
+# them is deployed with a grace period that lets them finish (at 30 s the scaler warns,
+# `ScaleDownCutsAnswers`, and every scale-down's window is lost whatever the count).
+HOLDOUT_GRACE_S: dict[str, float] = {"lo-huge": 600.0}
 
 
 @dataclass(frozen=True)
@@ -87,7 +121,8 @@ class Item:
     start_s: float | None = None
     duration_s: float | None = None
     rises: tuple[float, ...] = ()
-    options: dict[str, Any] = field(default_factory=dict)
+    # How long a removed replica's answers may run on (the Deployment's grace period).
+    grace_s: float = sim_cluster.TERMINATION_GRACE_S
     # A scenario's file was drawn with this seed; a shared trace is loaded with it.
     seed: int = SHARED_SEED
 
@@ -106,17 +141,32 @@ class Item:
 def scenario_items(out: Path, *, quick: bool, seeds: int = 1) -> list[Item]:
     """Write each scenario's trace under `out/traces`, once per seed, and describe it
     (`step.csv` for one seed, `step-seed3.csv`, `step-seed4.csv`, ... for several)."""
+    chosen = scenarios.QUICK if quick else FULL
+    return _shape_items(out, {name: (name, params) for name, params in chosen.items()},
+                        first_seed=SCENARIO_SEED, seeds=seeds)
+
+
+def holdout_items(out: Path, *, seeds: int = 1) -> list[Item]:
+    """The hold-out shapes (HOLDOUT), written under `out/traces` like scenario_items."""
+    return _shape_items(out, HOLDOUT, first_seed=HOLDOUT_SEED, seeds=seeds)
+
+
+def _shape_items(out: Path, shapes: dict[str, tuple[str, dict[str, float]]], *,
+                 first_seed: int, seeds: int) -> list[Item]:
+    """Label -> (shape, parameters): each drawn under `seeds` seeds from `first_seed`,
+    written under `out/traces`."""
     folder = out / "traces"
     folder.mkdir(parents=True, exist_ok=True)
-    chosen = scenarios.QUICK if quick else FULL
     items = []
-    for name, params in chosen.items():
+    for label, (name, params) in shapes.items():
         shape = scenarios.scenario(name, **params)
-        for seed in range(SCENARIO_SEED, SCENARIO_SEED + seeds):
-            path = folder / (f"{name}.csv" if seeds == 1 else f"{name}-seed{seed}.csv")
+        for seed in range(first_seed, first_seed + seeds):
+            path = folder / (f"{label}.csv" if seeds == 1 else f"{label}-seed{seed}.csv")
             shape.write(path, seed=seed)
-            items.append(Item(name, shape.description, path, "scenario", rises=shape.rises,
-                              seed=seed))
+            items.append(Item(label, shape.description, path, "scenario",
+                              rises=shape.rises, seed=seed,
+                              grace_s=HOLDOUT_GRACE_S.get(label,
+                                                          sim_cluster.TERMINATION_GRACE_S)))
     return items
 
 
@@ -189,10 +239,11 @@ def run_job(item: Item, names: tuple[str, ...], policy_path: Path,
     variant = (variants or {}).get(names[0]) if len(names) == 1 else None
     if variant is not None:
         result = run.simulate(trace, policy=with_headroom(policy, variant), profile=profile,
-                              names=("scaler",))
+                              names=("scaler",), grace_s=item.grace_s)
         result.results[names[0]] = result.results.pop("scaler")
     else:
-        result = run.simulate(trace, policy=policy, profile=profile, names=names)
+        result = run.simulate(trace, policy=policy, profile=profile, names=names,
+                              grace_s=item.grace_s)
     return {"item": item.name, "seed": item.seed, "names": list(names),
             "summaries": {n: r.summary for n, r in result.results.items()},
             "missed": {n: missed_windows(r.series, result.slo_threshold_s)
@@ -476,6 +527,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help=f"tiny scenarios, {' and '.join(QUICK_STRATEGIES)}, no shared "
                         "traces: seconds, for tests")
+    parser.add_argument("--holdout", action="store_true",
+                        help="the hold-out shapes (HOLDOUT: loads the example was not tuned "
+                        f"on, seed {HOLDOUT_SEED}) instead of the suite's traces")
     parser.add_argument("--only", default=None, help="comma-separated trace names to run")
     parser.add_argument("--headroom", action="append", default=[], type=headroom_variant,
                         metavar="replicas=N|fraction=F",
@@ -503,8 +557,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         skipped.append(line.removeprefix("suite: "))
         say(line)
 
-    items = scenario_items(args.out, quick=args.quick, seeds=args.seeds)
-    if not args.quick:
+    if args.holdout:
+        items = holdout_items(args.out, seeds=args.seeds)
+    else:
+        items = scenario_items(args.out, quick=args.quick, seeds=args.seeds)
+    if not args.quick and not args.holdout:
         items += shared_items(SHARED, say=skip, seeds=args.seeds)
     if args.only:
         keep = {n.strip() for n in args.only.split(",")}

@@ -157,6 +157,19 @@ def test_a_shared_trace_takes_a_seed_only_where_its_loading_draws(tmp_path: Path
         scaled, seed=2).load().arrival_s.tolist()
 
 
+def test_the_holdout_set_is_its_own_shapes_with_their_grace_periods(tmp_path: Path) -> None:
+    items = suite.holdout_items(tmp_path)
+    assert [i.name for i in items] == list(suite.HOLDOUT)
+    assert not set(suite.HOLDOUT) & set(suite.FULL)
+    for item in items:
+        assert item.path.exists() and item.seed == suite.HOLDOUT_SEED
+        assert item.load().requests > 0
+        shape = suite.HOLDOUT[item.name][0]
+        assert item.rises == scenarios.scenario(shape, **suite.HOLDOUT[item.name][1]).rises
+    grace = {i.name: i.grace_s for i in items}
+    assert grace["lo-huge"] == 600.0 and grace["step-big"] == 30.0
+
+
 def test_jobs_keep_the_oracle_plan_sharers_together() -> None:
     assert suite.jobs_for(["scaler", "oracle", "hpa", "static-peak"]) == [
         ("scaler",), ("hpa",), ("oracle", "static-peak")]
