@@ -673,9 +673,8 @@ def expect_return(draft: Draft) -> str:
     if gap is None or state.drop_at is None:
         return note
     lead = _return_lead_s(draft)
-    if not _worth_releasing(gap, lead):
-        return note or f"load comes back after {gap:.0f} s, sooner than a release and a " \
-                       "restart: hold"
+    if gap <= lead:
+        return note or f"load comes back after {gap:.0f} s, sooner than a restart: hold"
     due = state.drop_at + gap
     if now > due + RETURN_TOLERANCE * gap:
         draft.state = dataclasses.replace(state, returns=0, return_gap_s=None)
@@ -714,9 +713,15 @@ def restart_hold(draft: Draft) -> tuple[int, str]:
     """
     window = draft.spec.behavior.scale_down.stabilization_seconds
     gap = _pattern(draft.state)
-    if (gap is None or draft.state.drop_at is None
-            or not _worth_releasing(gap, _return_lead_s(draft))):
+    if gap is None or draft.state.drop_at is None:
         return window, ""
+    lead = _return_lead_s(draft)
+    if gap <= lead:
+        return window, ""  # sooner than a restart: expect_return says so
+    if not _worth_releasing(gap, lead):
+        # The return is still planned (a window shorter than the gap would not hold).
+        return window, f"load returns about every {gap:.0f} s: a release and a restart " \
+                       "would save nothing, held"
     seconds = min(window, math.ceil(RELEASE_HOLD_S))
     return seconds, f"load returns about every {gap:.0f} s: released after {seconds} s, " \
                     "started again ahead of the return"

@@ -305,7 +305,7 @@ def p95_latency(
       already served (two minutes after one drained, the guard read 75 s).
     - Or while a short queue itself waits longer than the SLO (`queue_wait_s`): where
       memory, not batch slots, admits requests (long answers holding the KV cache), one
-      enters only when an answer ends, and a few waiting are minutes of queue. That push
+      enters only when an answer ends, and a few waiting are seconds of queue. That push
       is bounded by the capacity signals: at most SHORT_QUEUE_BOUND x the largest of them
       (`capacity`), none without one, so a model is never pushed to max while every
       capacity signal reads under half of it.
@@ -338,10 +338,13 @@ def p95_latency(
     if (_fresh(waiting) and waiting is not None
             and waiting.value <= overload_waiting_per_replica * cluster.ready):
         wait = queue_wait_s(waiting, snapshot.completion_rate)
-        if wait is None or wait <= slo or capacity is None:
+        if wait is None or wait <= slo:
             return no_push(f"p95 {value.value:.3g}s, but the queue ({waiting.value:g} "
                            "waiting) is within what the ready replicas admit at once: "
                            "those latencies are of requests already served")
+        if capacity is None:
+            return no_push(f"{waiting.value:g} waiting wait {wait:.3g}s, but no capacity "
+                           "signal reads a need to bound a push by")
         bound = SHORT_QUEUE_BOUND * capacity
         present = (f"; {waiting.value:g} waiting wait {wait:.3g}s at the rate answers "
                    f"end (at most {SHORT_QUEUE_BOUND:g} x {capacity:.3g} replicas, the "

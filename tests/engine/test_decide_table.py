@@ -848,8 +848,22 @@ def test_restart_aware_says_it_holds_a_gap_a_release_would_not_save() -> None:
     assert min(c for _, c in counts) == 8
     assert aware.last is not None
     details = [s.detail for s in aware.last.steps]
-    assert any("sooner than a release and a restart" in d for d in details)
+    assert any("a release and a restart would save nothing" in d for d in details)
     assert not any("released after" in d for d in details)
+
+
+def test_restart_aware_plans_a_return_where_a_short_window_would_not_hold() -> None:
+    # A 60 s down window, off 150 s: a release would save nothing (60 s held + 120 s
+    # lead > 150 s), but the policy's own window lets the replicas go at drop + 60 s, so
+    # the return is still planned: back at 8 one lead (120 s) before the load.
+    aware = Sim(policy(behavior={**BEHAVIOR, "restartAware": True,
+                                 "scaleDown": {"stabilizationSeconds": 60, "policies": []}}),
+                current=8)
+    counts = _square(aware, start=0, on_s=300, off_s=150, cycles=4)
+    assert aware.state.returns >= 2
+    # The third off phase, 1200 to 1350 s: the return is planned from 1350 - 120 = 1230,
+    # before the 60 s window would let the replicas go (1260): the 8 stay for the load.
+    assert all(c == 8 for t, c in counts if 1200 <= t < 1500)
 
 
 def test_restart_aware_keeps_the_window_through_dips_and_forgets_a_pattern() -> None:
