@@ -190,6 +190,22 @@ def test_latency_guard_reads_the_wait_of_a_short_queue(
     assert ("at the rate answers end" in guard.detail) == (expected > 4), case
 
 
+def test_latency_guard_does_not_push_a_short_queue_with_nothing_to_bound_it() -> None:
+    # Queue pressure and the latency rule only: the short queue waits 3 s, but no capacity
+    # signal reads a need to bound the push by, so none (an overloaded queue, beyond 8
+    # per ready replica, still pushes: 4 x 2).
+    sim = Sim(policy(signals={"queueDepth": {"targetWaitingPerReplica": 8},
+                              "p95Latency": {"metric": "ttft", "sloSeconds": 2.0}}),
+              current=4)
+    snapshot = types.SignalSnapshot(p95_latency=latency(9.0), queue_depth=value(3.0),
+                                    completion_rate=value(1.0))
+    assert sim.step(0, snapshot) == 4
+    assert sim.last is not None
+    guard = next(s for s in sim.last.signals if s.name == "p95_latency")
+    assert "no capacity signal" in guard.detail
+    assert sim.step(5, dataclasses.replace(snapshot, queue_depth=value(40.0))) == 8
+
+
 def test_rate_limit_pods_per_period() -> None:
     p = policy(behavior={
         "scaleUp": {"stabilizationSeconds": 0,
