@@ -148,13 +148,16 @@ def scenario_items(out: Path, *, quick: bool, seeds: int = 1) -> list[Item]:
 
 def holdout_items(out: Path, *, seeds: int = 1) -> list[Item]:
     """The hold-out shapes (HOLDOUT), written under `out/traces` like scenario_items."""
-    return _shape_items(out, HOLDOUT, first_seed=HOLDOUT_SEED, seeds=seeds)
+    return _shape_items(out, HOLDOUT, first_seed=HOLDOUT_SEED, seeds=seeds,
+                        grace_s=HOLDOUT_GRACE_S)
 
 
 def _shape_items(out: Path, shapes: dict[str, tuple[str, dict[str, float]]], *,
-                 first_seed: int, seeds: int) -> list[Item]:
+                 first_seed: int, seeds: int, grace_s: dict[str, float] | None = None
+                 ) -> list[Item]:
     """Label -> (shape, parameters): each drawn under `seeds` seeds from `first_seed`,
-    written under `out/traces`."""
+    written under `out/traces`; `grace_s` gives a label's grace period other than the
+    default."""
     folder = out / "traces"
     folder.mkdir(parents=True, exist_ok=True)
     items = []
@@ -163,10 +166,11 @@ def _shape_items(out: Path, shapes: dict[str, tuple[str, dict[str, float]]], *,
         for seed in range(first_seed, first_seed + seeds):
             path = folder / (f"{label}.csv" if seeds == 1 else f"{label}-seed{seed}.csv")
             shape.write(path, seed=seed)
-            items.append(Item(label, shape.description, path, "scenario",
-                              rises=shape.rises, seed=seed,
-                              grace_s=HOLDOUT_GRACE_S.get(label,
-                                                          sim_cluster.TERMINATION_GRACE_S)))
+            item = Item(label, shape.description, path, "scenario", rises=shape.rises,
+                        seed=seed)
+            if grace_s and label in grace_s:
+                item = replace(item, grace_s=grace_s[label])
+            items.append(item)
     return items
 
 
