@@ -198,39 +198,53 @@ def steady(*, name: str, description: str, rate_per_s: float, duration: float,
     return Scenario(name, description, duration, rate, lengths, params=dict(params or {}))
 
 
+def _wobbling(wobble: float, period: float) -> str:
+    """The rate's swing in a description: "+-30 %", or "+-70 % over 3600 s" when the period
+    is not the default."""
+    return f"+-{wobble * 100:g} %" + ("" if period == 1200.0 else f" over {period:g} s")
+
+
 def long_context(*, rate: float = 6.0, share: float = 0.3, long_input: float = 16000.0,
-                 duration: float = 3600.0) -> Scenario:
+                 duration: float = 3600.0, wobble: float = 0.3, period: float = 1200.0
+                 ) -> Scenario:
     """Long-context-heavy: `share` of prompts around `long_input` tokens (RAG, code,
     documents), the rest chat-sized. Some prompts alone take more than 0.5 s to prefill."""
     mix = (Lengths(1100, 200, weight=1 - share),
            Lengths(long_input, 300, input_sigma=0.5, weight=share))
     return steady(name="long-context", description=f"{share:.0%} of prompts ~{long_input:g} "
-                  f"tokens, {rate:g} req/s +-30 %", rate_per_s=rate, duration=duration,
-                  lengths=mix, params={"rate": rate, "share": share,
-                                       "long_input": long_input, "duration": duration})
+                  f"tokens, {rate:g} req/s {_wobbling(wobble, period)}", rate_per_s=rate,
+                  duration=duration, lengths=mix, wobble=wobble, period=period,
+                  params={"rate": rate, "share": share, "long_input": long_input,
+                          "duration": duration, "wobble": wobble, "period": period})
 
 
 def bimodal(*, rate: float = 25.0, short_input: float = 200.0, long_input: float = 6000.0,
-            duration: float = 3600.0) -> Scenario:
+            duration: float = 3600.0, wobble: float = 0.3, period: float = 1200.0
+            ) -> Scenario:
     """Bimodal lengths: half short chat turns, half long prompts with long answers; the
     mean describes neither mode (what a mean-length capacity model gets wrong)."""
     mix = (Lengths(short_input, 60, input_sigma=0.4, output_sigma=0.5),
            Lengths(long_input, 800, input_sigma=0.3, output_sigma=0.4))
     return steady(name="bimodal", description=f"half ~{short_input:g}-token, half "
-                  f"~{long_input:g}-token prompts, {rate:g} req/s +-30 %", rate_per_s=rate,
-                  duration=duration, lengths=mix,
+                  f"~{long_input:g}-token prompts, {rate:g} req/s "
+                  f"{_wobbling(wobble, period)}", rate_per_s=rate, duration=duration,
+                  lengths=mix, wobble=wobble, period=period,
                   params={"rate": rate, "short_input": short_input,
-                          "long_input": long_input, "duration": duration})
+                          "long_input": long_input, "duration": duration,
+                          "wobble": wobble, "period": period})
 
 
 def long_output(*, rate: float = 6.0, output_mean: float = 1500.0,
-                duration: float = 3600.0) -> Scenario:
+                duration: float = 3600.0, wobble: float = 0.3, period: float = 1200.0
+                ) -> Scenario:
     """Long outputs: reasoning-style answers averaging `output_mean` tokens (ServeGen's
     DeepSeek-R1 workload), short prompts; decode-bound, long-lived requests."""
     mix = (Lengths(600, output_mean, output_sigma=0.7),)
     return steady(name="long-output", description=f"outputs ~{output_mean:g} tokens, "
-                  f"{rate:g} req/s +-30 %", rate_per_s=rate, duration=duration, lengths=mix,
-                  params={"rate": rate, "output_mean": output_mean, "duration": duration})
+                  f"{rate:g} req/s {_wobbling(wobble, period)}", rate_per_s=rate,
+                  duration=duration, lengths=mix, wobble=wobble, period=period,
+                  params={"rate": rate, "output_mean": output_mean, "duration": duration,
+                          "wobble": wobble, "period": period})
 
 
 SHAPES: dict[str, Callable[..., Scenario]] = {

@@ -108,7 +108,7 @@ class Draft:
 def read_signals(draft: Draft) -> str:
     """Each configured signal's opinion (concurrency, queue, tokens/s, latency guard)."""
     draft.opinions = recommend.signal_opinions(draft.spec, snapshot=draft.snapshot,
-                                               cluster=draft.cluster)
+                                               cluster=draft.cluster, now=draft.now)
     draft.stale = [o.rule for o in draft.opinions
                    if o.kind is not Kind.GUARD and not o.reason.fresh]
     fresh = sum(1 for o in draft.opinions if o.reason.fresh)
@@ -416,8 +416,18 @@ def recommend_replicas(draft: Draft) -> str:
         if draft.stale:
             draft.notes.append("stale or missing: " + ", ".join(draft.stale))
         return "no opinion: hold"
-    # On a tie the signal, not the forecast, is named: it is the plainer reason.
-    raw, winner, raw_demand = max(candidates, key=lambda c: (c[0], c[1] is not Rule.FORECAST))
+    # On a tie the signal, not the forecast, is named: it is the plainer reason; among
+    # signals, the one reading the most.
+    raw, winner, raw_demand = max(candidates,
+                                  key=lambda c: (c[0], c[1] is not Rule.FORECAST, c[2]))
+    # The tolerance is judged on the largest capacity reading of that count, whichever is
+    # named: tokens/s at 2.02 is within 10 % of 2 replicas, a KV cache at 2.25 is not, and
+    # neither is a look-ahead to 9.95 beside a signal at 9.5 on 9.
+    judged = winner
+    if winner.kind is Kind.CAPACITY:
+        _, judged, raw_demand = max([c for c in candidates
+                                     if c[0] == raw and c[1].kind is Kind.CAPACITY],
+                                    key=lambda c: c[2])
     tolerance = draft.spec.tolerance
     within_tolerance = unconfirmed = False
     if winner.kind is Kind.CAPACITY and current > 0 and raw != current:
@@ -425,10 +435,10 @@ def recommend_replicas(draft: Draft) -> str:
         unconfirmed = (not within_tolerance and raw > current
                        and not _rise_confirmed(draft, current=current, demand=raw_demand))
     if within_tolerance:
-        draft.notes.append(f"{winner} at {raw_demand:.2f} replicas is within "
+        draft.notes.append(f"{judged} at {raw_demand:.2f} replicas is within "
                            f"{tolerance:.0%} of {current}: no change")
     elif unconfirmed:
-        draft.notes.append(f"{winner} at {raw_demand:.2f} replicas is a rise the "
+        draft.notes.append(f"{judged} at {raw_demand:.2f} replicas is a rise the "
                            f"utilisation margin absorbs, not yet read for "
                            f"{_confirm_s(spec):.0f} s with the replicas unstrained: no change")
     if within_tolerance or unconfirmed:
@@ -470,8 +480,13 @@ def _rise_confirmed(draft: Draft, *, current: int, demand: float) -> bool:
     speed, so a reading up to that is served while it lasts. Such a reading buys a
     replica only once every demand sample of the last RISE_CONFIRM_S was above the
     tolerance too, or at once when the replicas show strain (requests waiting, a p95
-    towards the SLO) or strain is unknown (no fresh queue or latency reading). A larger
-    rise acts at once. Why: a 10 s tokens/s rate of a steady 40 req/s chat load swings by
+    towards the SLO, a KV cache beyond its target) or strain is unknown (no fresh queue
+    or latency reading). A larger rise acts at once. Memory's margin is not compute's:
+    replicas at 0.8 of their tokens/s run slower as the load grows, but a cache past its
+    target is close to full, and a full one admits no request (2 replicas of half
+    6k-token prompts at 87 % of their caches read 2.3 replicas of memory, within the
+    tokens/s margin of 2.5; confirmed for 20 s, the third arrived after the cache was
+    full). Why: a 10 s tokens/s rate of a steady 40 req/s chat load swings by
     +-6 %, and the down window keeps the highest count of its 300 s, so one swing to
     4.7 replicas where 3.9 are needed held a fifth replica for five minutes (square wave
     -14 % GPU-hours, Azure conv -9 %, no window lost at the suite's seeds:
@@ -488,6 +503,10 @@ def _rise_confirmed(draft: Draft, *, current: int, demand: float) -> bool:
         return True
     if spec.latency is not None and (p95 is None or not p95.fresh
                                      or p95.value > STRAIN_SLO_SHARE * spec.latency.slo_s):
+        return True
+    usage = snapshot.kv_cache_usage
+    if (spec.kv_cache is not None and usage is not None and usage.fresh
+            and usage.value > spec.kv_cache.target_utilization):
         return True
     since = draft.now - _confirm_s(spec)
     samples = draft.samples

@@ -192,11 +192,17 @@ def tokens_per_second(
                     detail=f"({detail}) / {rule.target_utilization:g} utilisation")
 
 
+# A replica ready for less than this may not be in the KV cache's mean yet: pods report
+# every second over NATS, but Prometheus scrapes every 15 s by default.
+KV_REPORT_S = 15.0
+
+
 def kv_cache(
     rule: engine_spec.KvCacheRule,
     *,
     snapshot: types.SignalSnapshot,
     cluster: types.ClusterState,
+    now: float,
 ) -> Opinion:
     """Memory in replicas: ready x mean KV-cache usage / target utilisation.
 
@@ -208,6 +214,10 @@ def kv_cache(
     10 % tolerance of 5: no change). A full cache reads at most ready / target: it measures a
     shortfall of memory, not how large it is, so while a backlog is served it is held to
     the load like the other backlog readings (decide.BACKLOG_READINGS).
+    A replica ready for less than KV_REPORT_S is not counted while others are: its cache
+    is empty and it may not have reported, so the mean is still the old replicas' (2
+    replicas at 95 %, a third just ready: 3 x 0.95 / 0.8 = 3.6 read a fourth replica the
+    moment the third arrived; 2 x 0.95 / 0.8 = 2.4 is the memory in use).
     """
     usage = snapshot.kv_cache_usage
     if not _fresh(usage) or usage is None:
@@ -216,10 +226,14 @@ def kv_cache(
     if ready == 0:
         return opinion(types.Rule.KV_CACHE, value=usage, fresh=True, demand=None,
                        detail="no ready replica holds a cache")
+    new = sum(1 for o in cluster.observations if now - o.ready_at < KV_REPORT_S)
+    counted = ready - new if 0 < new < ready else ready
     return opinion(types.Rule.KV_CACHE, value=usage, fresh=True,
-                   demand=ready * min(usage.value, 1.0) / target,
-                   detail=f"{ready} ready x {usage.value:.0%} of the KV cache used / "
-                   f"{target:g} target")
+                   demand=counted * min(usage.value, 1.0) / target,
+                   detail=f"{counted} ready x {usage.value:.0%} of the KV cache used / "
+                   f"{target:g} target" + (f" ({new} more ready for less than "
+                                           f"{KV_REPORT_S:.0f} s, not yet in it)"
+                                           if counted < ready else ""))
 
 
 def overloaded(spec: engine_spec.EngineSpec, *, snapshot: types.SignalSnapshot, ready: int
@@ -372,6 +386,7 @@ def signal_opinions(
     *,
     snapshot: types.SignalSnapshot,
     cluster: types.ClusterState,
+    now: float,
 ) -> list[Opinion]:
     """Every configured signal's opinion, in a fixed order."""
     opinions = []
@@ -382,7 +397,7 @@ def signal_opinions(
     if spec.tokens is not None:
         opinions.append(tokens_per_second(spec.tokens, snapshot=snapshot))
     if spec.kv_cache is not None:
-        opinions.append(kv_cache(spec.kv_cache, snapshot=snapshot, cluster=cluster))
+        opinions.append(kv_cache(spec.kv_cache, snapshot=snapshot, cluster=cluster, now=now))
     if spec.latency is not None:
         opinions.append(p95_latency(
             spec.latency, snapshot=snapshot, cluster=cluster,

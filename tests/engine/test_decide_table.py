@@ -417,6 +417,28 @@ def test_a_filling_kv_cache_sizes_by_memory_not_compute() -> None:
     assert kv.recommendation is None
 
 
+def test_a_replica_just_ready_is_not_read_into_the_old_caches_mean() -> None:
+    # 2 replicas at 95 % of their caches and a third just ready, not yet reporting: the
+    # mean is still the two old ones', 2 x 0.95 / 0.8 = 2.4 replicas of memory, not
+    # 3 x 0.95 / 0.8 = 3.6 (which bought a fourth the moment the third arrived).
+    sim = Sim(policy(signals=KV_POLICY), current=3)
+    full = types.SignalSnapshot(tokens_per_second=value(9_000), kv_cache_usage=value(0.95))
+    now = MONDAY_0600_UTC + 600
+    just_ready = (types.ColdStartObservation(created_at=now - 110, ready_at=now - 2),)
+    assert sim.step(600, full, observations=just_ready) == 3
+    kv = next(s for s in sim.last.signals if s.name == "kv_cache") if sim.last else None
+    assert kv is not None and kv.recommendation == 3
+    assert "2 ready x 95%" in kv.detail and "1 more ready for less than 15 s" in kv.detail
+    # Once it has been ready for the report interval, the mean is all three's again.
+    settled = (types.ColdStartObservation(created_at=now - 130, ready_at=now - 20),)
+    assert sim.step(620, full, observations=settled) == 4
+    # Every ready replica new (the first ones after zero): the mean is theirs.
+    sim = Sim(policy(signals=KV_POLICY), current=2)
+    fresh = tuple(types.ColdStartObservation(created_at=now - 100, ready_at=now - 1)
+                  for _ in range(2))
+    assert sim.step(600, full, observations=fresh) == 3
+
+
 def test_a_full_kv_cache_on_a_backlog_is_held_to_the_load() -> None:
     # Every replica that works a backlog off fills its cache, so the cache reads ready /
     # target whatever the load: 6 ready at 100 % read 7.5, then 8 ready read 10, and so
@@ -486,6 +508,26 @@ def test_tolerance_band_stops_boundary_flapping() -> None:
                 current=5)
     assert [loose.step(t, snap(running=r)) for t, r in [(0, 52), (10, 48), (20, 54)]] == [
         6, 5, 6]
+
+
+def test_tolerance_is_judged_on_the_largest_reading_of_the_count() -> None:
+    # Tokens/s reads 2.02 replicas (within 10 % of 2), the KV cache 2 x 0.9 / 0.8 = 2.25
+    # (beyond it): both round to 3. Which one is named must not decide: memory wants 3.
+    sim = Sim(policy(signals=KV_POLICY), current=2)
+    snapshot = types.SignalSnapshot(tokens_per_second=value(9_700), kv_cache_usage=value(0.9))
+    assert sim.step(0, snapshot) == 3
+    assert sim.last is not None and sim.last.winner == "kv_cache"
+    # Both within the band: nothing moves.
+    sim = Sim(policy(signals=KV_POLICY), current=2)
+    assert sim.step(0, types.SignalSnapshot(tokens_per_second=value(9_700),
+                                            kv_cache_usage=value(0.85))) == 2
+    # The look-ahead too: concurrency climbs to 9.5 replicas on 9 (within the band) and
+    # reads 9.95 one pod start ahead (beyond it); both round to 10.
+    ramp = Sim(policy(forecast={"enabled": True, "windowSeconds": 120}), current=9)
+    counts = [ramp.step(t, snap(running=10 * (8.6 + 0.0075 * t))) for t in range(0, 121, 2)]
+    assert counts[-1] == 10 and counts[:50] == [9] * 50
+    up = next(t for t, c in zip(range(0, 121, 2), counts, strict=True) if c == 10)
+    assert 110 < up < 120  # when the look-ahead passes 9.9, while the signal reads 9.4
 
 
 TOKENS_AND_QUEUE = {"tokensPerSecond": {"capacityPerReplica": 6000,

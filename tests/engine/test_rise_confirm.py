@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from scaler.engine import decide as engine_decide
-from tests.engine.helpers import Sim, policy, snap
+from scaler.engine import types
+from tests.engine.helpers import Sim, policy, snap, value
 
 # 1,000 tokens/s a replica at 0.8: 3,200 tokens/s is 4.0 replicas, 3,760 is 4.7 (within
 # the 1 / 0.8 = 1.25x margin of 4, beyond the 10 % tolerance), 4,400 is 5.5 (beyond it).
@@ -62,6 +65,25 @@ def test_waiting_requests_confirm_at_once() -> None:
 def test_latency_towards_the_slo_confirms_at_once() -> None:
     sim = steady_sim()
     assert sim.step(31, snap(tps=SWING, waiting=0.0, p95=1.2)) == 5
+
+
+def test_a_cache_past_its_target_confirms_at_once() -> None:
+    # Memory's margin is not compute's: caches at 85 % (target 0.8) are close to full.
+    # 4 x 0.85 / 0.8 = 4.25 replicas of memory, tokens/s 4.7: within the tokens margin.
+    signals = {**SIGNALS, "kvCache": {"targetUtilization": 0.8}}
+    sim = Sim(policy(signals=signals), current=4)
+    for t in range(31):
+        assert sim.step(t, kv(snap(tps=STEADY, **CALM), 0.6)) == 4
+    assert sim.step(31, kv(snap(tps=SWING, **CALM), 0.85)) == 5
+    # Caches under their target: the swing waits for its confirmation as before.
+    sim = Sim(policy(signals=signals), current=4)
+    for t in range(31):
+        sim.step(t, kv(snap(tps=STEADY, **CALM), 0.6))
+    assert sim.step(31, kv(snap(tps=SWING, **CALM), 0.75)) == 4
+
+
+def kv(snapshot: types.SignalSnapshot, usage: float) -> types.SignalSnapshot:
+    return dataclasses.replace(snapshot, kv_cache_usage=value(usage))
 
 
 def test_unknown_strain_confirms_at_once() -> None:

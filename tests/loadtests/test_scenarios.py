@@ -48,6 +48,14 @@ def test_square_wave_is_off_between_bursts() -> None:
      lambda r: r[0] == 2.0 and r[450] == pytest.approx(11.0) and r[950] == 20.0),
     ("daily", {"trough": 2.0, "peak": 20.0},
      lambda r: r[14 * 3600] == pytest.approx(20.0) and r[2 * 3600] == pytest.approx(2.0)),
+    # The length mixes wobble +-30 % over 1,200 s unless told otherwise: a slow day of
+    # long answers, 4.5 req/s +-78 % over an hour, is 8 at 900 s and 1 at 2,700 s.
+    ("long-output", {"rate": 6.0},
+     lambda r: r[300] == pytest.approx(7.8) and r[900] == pytest.approx(4.2)),
+    ("long-output", {"rate": 4.5, "wobble": 0.78, "period": 3600.0},
+     lambda r: r[900] == pytest.approx(8.01) and r[2700] == pytest.approx(0.99)),
+    ("bimodal", {"rate": 15.0, "wobble": 0.8, "period": 3600.0},
+     lambda r: r[900] == pytest.approx(27.0) and r[2700] == pytest.approx(3.0)),
 ])
 def test_shapes_have_their_documented_rates(name: str, params: dict[str, float],
                                             check: object) -> None:
