@@ -481,16 +481,17 @@ def _rise_confirmed(draft: Draft, *, current: int, demand: float) -> bool:
     replica only once every demand sample of the last RISE_CONFIRM_S was above the
     tolerance too, or at once when the replicas show strain (requests waiting, a p95
     towards the SLO, a KV cache beyond its target) or strain is unknown (no fresh queue
-    or latency reading). A larger rise acts at once. Memory's margin is not compute's:
-    replicas at 0.8 of their tokens/s run slower as the load grows, but a cache past its
-    target is close to full, and a full one admits no request (2 replicas of half
-    6k-token prompts at 87 % of their caches read 2.3 replicas of memory, within the
-    tokens/s margin of 2.5; confirmed for 20 s, the third arrived after the cache was
-    full). Why: a 10 s tokens/s rate of a steady 40 req/s chat load swings by
-    +-6 %, and the down window keeps the highest count of its 300 s, so one swing to
-    4.7 replicas where 3.9 are needed held a fifth replica for five minutes (square wave
-    -14 % GPU-hours, Azure conv -9 %, no window lost at the suite's seeds:
-    docs/benchmarks.md).
+    or latency reading). A larger rise acts at once. Why: a 10 s tokens/s rate of a
+    steady 40 req/s chat load swings by +-6 %, and the down window keeps the highest
+    count of its 300 s, so one swing to 4.7 replicas where 3.9 are needed held a fifth
+    replica for five minutes (square wave -14 % GPU-hours, Azure conv -9 %, no window
+    lost at the suite's seeds: docs/benchmarks.md).
+    Why a cache past its target is strain: memory's margin is not compute's. Replicas at
+    0.8 of their tokens/s run slower as the load grows, but a cache past its target is
+    close to full, and a full one admits no request (2 replicas of half 6k-token prompts
+    at 92 % of their caches read 2 x 0.92 / 0.8 = 2.3 replicas of memory, within the
+    tokens/s margin of 2.5: held for a confirmation, the third was bought half a minute
+    later, with the caches full).
     Only with a tokens/s rule, whose target gives the margin. `demand` carries the
     policy's headroom, and so do the samples it is confirmed by.
     """
