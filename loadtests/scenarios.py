@@ -145,6 +145,39 @@ def square(*, low: float = 0.0, high: float = 40.0, period: float = 900.0,
                                          "duty": duty, "cycles": cycles})
 
 
+def sawtooth(*, low: float = 5.0, high: float = 50.0, climb: float = 240.0,
+             period: float = 300.0, cycles: float = 6.0) -> Scenario:
+    """A sawtooth: a linear climb from `low` to `high` req/s over `climb` s, back to
+    `low` at once, held for the rest of the `period`, `cycles` times (batch jobs that
+    ramp their submissions, then stop). Each climb is slower than a pod start, so it has
+    no rises; the drops test the down window."""
+    def rate(t: FloatArray) -> FloatArray:
+        into = np.mod(t, period)
+        return np.where(into < climb, low + (high - low) * into / climb, low)
+
+    return Scenario("sawtooth", f"sawtooth {low:g} -> {high:g} req/s over {climb:g} s, "
+                    f"period {period:g} s", cycles * period, rate,
+                    params={"low": low, "high": high, "climb": climb, "period": period,
+                            "cycles": cycles})
+
+
+def stairs(*, low: float = 8.0, factor: float = 1.5, steps: float = 4.0,
+           hold: float = 225.0) -> Scenario:
+    """A staircase: `low` req/s, then `steps` steps up by `factor` each `hold` s, then
+    the same steps down (8, 12, 18, 27, 40.5, 27, 18, 12 req/s at the defaults). Each
+    step up is a rise: 1.5x is past the utilisation margin's 1.25x."""
+    up = [low * factor ** k for k in range(int(steps) + 1)]
+    levels: FloatArray = np.asarray(up + up[-2:0:-1], dtype=np.float64)
+
+    def rate(t: FloatArray) -> FloatArray:
+        return levels[np.minimum((t // hold).astype(np.int64), levels.size - 1)]
+
+    return Scenario("stairs", f"stairs from {low:g} req/s, x{factor:g} every {hold:g} s, "
+                    f"{steps:g} up and down", levels.size * hold, rate,
+                    rises=tuple(hold * k for k in range(1, int(steps) + 1)),
+                    params={"low": low, "factor": factor, "steps": steps, "hold": hold})
+
+
 def flash(*, base: float = 8.0, peak: float = 80.0, at: float = 1200.0, rise: float = 30.0,
           decay: float = 600.0, duration: float = 3600.0) -> Scenario:
     """A flash crowd: `base` req/s, a `rise`-second climb to `peak`, then exponential
@@ -249,6 +282,7 @@ def long_output(*, rate: float = 6.0, output_mean: float = 1500.0,
 
 SHAPES: dict[str, Callable[..., Scenario]] = {
     "step": step, "square": square, "flash": flash, "ramp": ramp, "daily": daily,
+    "sawtooth": sawtooth, "stairs": stairs,
     "long-context": long_context, "bimodal": bimodal, "long-output": long_output,
 }
 

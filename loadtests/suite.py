@@ -23,8 +23,8 @@ arrivals and a rate scale draws its copies' offsets), a trace whose loading take
 once; summary.json and the page then add each seed's cells and, per strategy, the mean
 and the worst seed, and the run ends with a table of them.
 
-`--holdout` replays the hold-out shapes (HOLDOUT) instead: ten loads the example policy
-was not tuned on, to check that what the suite shows is behaviour, not a fit.
+`--holdout` replays the hold-out shapes (HOLDOUT) instead: fourteen loads the example
+policy was not tuned on, to check that what the suite shows is behaviour, not a fit.
 
 Shared traces are read from `../shared/traces` beside the repository (or
 `$SCALER_TRACES`); what is absent is skipped with a line saying so.
@@ -82,8 +82,9 @@ FULL: dict[str, dict[str, float]] = {
 # example was not tuned on, to check that what the suite shows holds on loads it does
 # not see: spikes shorter than a pod start, square waves faster and slower than the
 # down window, a step within the margin's reach and one past a node, a fast flash crowd,
-# a falling ramp, a one-hour day, heavier long prompts and 5,000-token answers. Label ->
-# (shape, parameters); drawn with HOLDOUT_SEED.
+# a falling ramp, a one-hour day, heavier long prompts, 5,000-token answers, a sawtooth,
+# a staircase, and an hour's day of 1,500-token answers and of half 6k-token prompts.
+# Label -> (shape, parameters); drawn with HOLDOUT_SEED.
 HOLDOUT: dict[str, tuple[str, dict[str, float]]] = {
     "spikes": ("square", {"low": 5.0, "high": 60.0, "period": 300.0, "duty": 0.25,
                           "cycles": 6.0}),
@@ -100,6 +101,16 @@ HOLDOUT: dict[str, tuple[str, dict[str, float]]] = {
     "lc-heavy": ("long-context", {"rate": 8.0, "share": 0.4, "long_input": 12000.0,
                                   "duration": 1800.0}),
     "lo-huge": ("long-output", {"rate": 3.0, "output_mean": 5000.0, "duration": 1800.0}),
+    # Added in the tenth session (after the numbers of the first ten were recorded): a
+    # sawtooth of 240 s climbs, a staircase of 1.5x steps, and slow days of the two
+    # memory-bound mixes.
+    "sawtooth": ("sawtooth", {"low": 5.0, "high": 50.0, "climb": 240.0, "period": 300.0,
+                              "cycles": 6.0}),
+    "stairs": ("stairs", {"low": 8.0, "factor": 1.5, "steps": 4.0, "hold": 225.0}),
+    "lo-day": ("long-output", {"rate": 4.5, "wobble": 0.78, "period": 3600.0,
+                               "duration": 3600.0}),
+    "bimodal-day": ("bimodal", {"rate": 15.0, "wobble": 0.8, "period": 3600.0,
+                                "duration": 3600.0}),
 }
 HOLDOUT_SEED = 11
 # A removed replica's grace period per hold-out label, where the default (30 s) would cut
@@ -271,9 +282,9 @@ def rise_windows(item: Item, trace: traces.Trace, profile: profiles.ReplicaProfi
     only reacts has not got the new replicas ready there, whatever it does, unless it
     held headroom (or predicted the rise).
 
-    For scenarios the rises are the shape's own (step, square, flash); for real traces a
-    rise is a window whose load in replicas is 1.25x above the highest of the pod start
-    before it (noise on a flat load stays below that).
+    For scenarios the rises are the shape's own (step, square, flash, stairs); for real
+    traces a rise is a window whose load in replicas is 1.25x above the highest of the
+    pod start before it (noise on a flat load stays below that).
     """
     window = run.SLO_WINDOW_S
     pod_start = profile.cold_start.pod_start_seconds

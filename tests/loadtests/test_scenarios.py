@@ -50,6 +50,12 @@ def test_square_wave_is_off_between_bursts() -> None:
      lambda r: r[14 * 3600] == pytest.approx(20.0) and r[2 * 3600] == pytest.approx(2.0)),
     # The length mixes wobble +-30 % over 1,200 s unless told otherwise: a slow day of
     # long answers, 4.5 req/s +-78 % over an hour, is 8 at 900 s and 1 at 2,700 s.
+    # A sawtooth climbs within each period and drops at once; stairs go up and down.
+    ("sawtooth", {"low": 5.0, "high": 50.0, "climb": 240.0, "period": 300.0},
+     lambda r: r[0] == 5.0 and r[120] == 27.5 and r[270] == 5.0 and r[420] == 27.5),
+    ("stairs", {"low": 8.0, "factor": 1.5, "steps": 4.0, "hold": 225.0},
+     lambda r: [r[k * 225] for k in range(8)] == [8, 12, 18, 27, 40.5, 27, 18, 12]
+     and r.size == 1800),
     ("long-output", {"rate": 6.0},
      lambda r: r[300] == pytest.approx(7.8) and r[900] == pytest.approx(4.2)),
     ("long-output", {"rate": 4.5, "wobble": 0.78, "period": 3600.0},
@@ -61,6 +67,11 @@ def test_shapes_have_their_documented_rates(name: str, params: dict[str, float],
                                             check: object) -> None:
     rates = scenarios.scenario(name, **params).rates()
     assert callable(check) and check(rates)
+
+
+def test_stairs_rise_at_each_step_up_and_a_sawtooth_never() -> None:
+    assert scenarios.scenario("stairs", hold=100.0, steps=3.0).rises == (100.0, 200.0, 300.0)
+    assert scenarios.scenario("sawtooth").rises == ()
 
 
 def test_length_mixes() -> None:
