@@ -220,8 +220,14 @@ def daily(*, trough: float = 3.0, peak: float = 45.0, day: float = 86400.0,
                             "peak_hour": peak_hour, "duration": duration})
 
 
+# The length mixes' rate swing: +-30 % over 20 minutes unless told otherwise, so that
+# scaling still happens while the lengths are what is tested.
+WOBBLE = 0.3
+WOBBLE_PERIOD_S = 1200.0
+
+
 def steady(*, name: str, description: str, rate_per_s: float, duration: float,
-           lengths: tuple[Lengths, ...], wobble: float = 0.3, period: float = 1200.0,
+           lengths: tuple[Lengths, ...], wobble: float = WOBBLE, period: float = WOBBLE_PERIOD_S,
            params: Mapping[str, float] | None = None) -> Scenario:
     """A length-mix scenario: the rate wobbles +-`wobble` around `rate_per_s` (period
     `period` s) so that scaling still happens while the lengths are what is tested."""
@@ -234,11 +240,11 @@ def steady(*, name: str, description: str, rate_per_s: float, duration: float,
 def _wobbling(wobble: float, period: float) -> str:
     """The rate's swing in a description: "+-30 %", or "+-70 % over 3600 s" when the period
     is not the default."""
-    return f"+-{wobble * 100:g} %" + ("" if period == 1200.0 else f" over {period:g} s")
+    return f"+-{wobble * 100:g} %" + ("" if period == WOBBLE_PERIOD_S else f" over {period:g} s")
 
 
 def long_context(*, rate: float = 6.0, share: float = 0.3, long_input: float = 16000.0,
-                 duration: float = 3600.0, wobble: float = 0.3, period: float = 1200.0
+                 duration: float = 3600.0, wobble: float = WOBBLE, period: float = WOBBLE_PERIOD_S
                  ) -> Scenario:
     """Long-context-heavy: `share` of prompts around `long_input` tokens (RAG, code,
     documents), the rest chat-sized. Some prompts alone take more than 0.5 s to prefill."""
@@ -252,7 +258,7 @@ def long_context(*, rate: float = 6.0, share: float = 0.3, long_input: float = 1
 
 
 def bimodal(*, rate: float = 25.0, short_input: float = 200.0, long_input: float = 6000.0,
-            duration: float = 3600.0, wobble: float = 0.3, period: float = 1200.0
+            duration: float = 3600.0, wobble: float = WOBBLE, period: float = WOBBLE_PERIOD_S
             ) -> Scenario:
     """Bimodal lengths: half short chat turns, half long prompts with long answers; the
     mean describes neither mode (what a mean-length capacity model gets wrong)."""
@@ -268,7 +274,7 @@ def bimodal(*, rate: float = 25.0, short_input: float = 200.0, long_input: float
 
 
 def long_output(*, rate: float = 6.0, output_mean: float = 1500.0,
-                duration: float = 3600.0, wobble: float = 0.3, period: float = 1200.0
+                duration: float = 3600.0, wobble: float = WOBBLE, period: float = WOBBLE_PERIOD_S
                 ) -> Scenario:
     """Long outputs: reasoning-style answers averaging `output_mean` tokens (ServeGen's
     DeepSeek-R1 workload), short prompts; decode-bound, long-lived requests."""

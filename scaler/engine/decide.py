@@ -131,8 +131,7 @@ def estimate_load(draft: Draft) -> str:
                                       ready=draft.cluster.ready)
     if overloaded:
         draft.state = dataclasses.replace(draft.state, overloaded_at=draft.now)
-    usage = draft.snapshot.kv_cache_usage
-    memory_full = usage is not None and usage.fresh and usage.value >= KV_FULL
+    memory_full = _cache_usage(draft.snapshot) >= KV_FULL
     served = learn_served_share(draft, saturated=overloaded or memory_full)
     draft.draining = not overloaded and _draining(draft)
     flow = flow_balance(draft)
@@ -172,6 +171,14 @@ SATURATION_SETTLE_S = 30.0
 # with or without a queue beyond the overload bound (vLLM keeps a few blocks free as a
 # watermark, so a full cache reads 0.95-0.99).
 KV_FULL = 0.95
+
+
+def _cache_usage(snapshot: types.SignalSnapshot) -> float:
+    """The fresh mean KV-cache usage, or 0 when there is none (no cache read is full)."""
+    usage = snapshot.kv_cache_usage
+    return usage.value if usage is not None and usage.fresh else 0.0
+
+
 # Weight of a new saturated sample in the served share (about the last 10 samples), and
 # the share's bounds: a capacity model off by more than 2x is a wrong policy, not a mix.
 SERVED_WEIGHT = 0.1
@@ -505,9 +512,7 @@ def _rise_confirmed(draft: Draft, *, current: int, demand: float) -> bool:
     if spec.latency is not None and (p95 is None or not p95.fresh
                                      or p95.value > STRAIN_SLO_SHARE * spec.latency.slo_s):
         return True
-    usage = snapshot.kv_cache_usage
-    if (spec.kv_cache is not None and usage is not None and usage.fresh
-            and usage.value > spec.kv_cache.target_utilization):
+    if spec.kv_cache is not None and _cache_usage(snapshot) > spec.kv_cache.target_utilization:
         return True
     since = draft.now - _confirm_s(spec)
     samples = draft.samples
