@@ -79,6 +79,8 @@ class Scenario:
 
     `rises` are the times (s) where the rate steps up faster than any reactive scaler
     follows: the windows within one cold start after them need headroom or prediction.
+    A climb that takes time is given by its start and its end: the load is not at its
+    new level before the end, so a scaler that reacts sees that level only then.
     """
 
     name: str
@@ -188,7 +190,7 @@ def flash(*, base: float = 8.0, peak: float = 80.0, at: float = 1200.0, rise: fl
         return base + (peak - base) * climbing * falling
 
     return Scenario("flash", f"flash crowd {base:g} -> {peak:g} req/s in {rise:g} s at "
-                    f"{at:g} s, decay {decay:g} s", duration, rate, rises=(at,),
+                    f"{at:g} s, decay {decay:g} s", duration, rate, rises=(at, at + rise),
                     params={"base": base, "peak": peak, "at": at, "rise": rise,
                             "decay": decay, "duration": duration})
 

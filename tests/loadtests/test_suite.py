@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from loadtests import scenarios, suite
+from scaler.sim import profiles
 
 # The keys of a default (one-seed) run's summary.json, which docs and other tools read.
 DOCUMENT_KEYS = ["policy", "strategies", "workers", "quick", "scenarios", "skipped", "wall_s"]
@@ -168,6 +169,26 @@ def test_the_holdout_set_is_its_own_shapes_with_their_grace_periods(tmp_path: Pa
         assert item.rises == scenarios.scenario(shape, **suite.HOLDOUT[item.name][1]).rises
     grace = {i.name: i.grace_s for i in items}
     assert grace["lo-huge"] == 600.0 and grace["step-big"] == 30.0
+
+
+def test_a_climbs_rise_windows_reach_one_pod_start_past_its_end(tmp_path: Path) -> None:
+    # A flash crowd climbing from 300 to 330 s: the load is at its peak only at 330 s, so
+    # a scaler that reacts cannot have its replicas before 330 + 105 s (pod start): the
+    # windows starting at 300, 360 and 420 s. A step at 300 s leaves out the third.
+    flash = scenarios.scenario("flash", at=300.0, rise=30.0, duration=900.0)
+    step = scenarios.scenario("step", at=300.0, hold=300.0, after=300.0)
+    profile = profiles.load_profile("llama-3.1-8b-h100")
+    assert profile.cold_start.pod_start_seconds == 105.0
+
+    def windows(shape: scenarios.Scenario) -> set[int]:
+        path = tmp_path / f"{shape.name}.csv"
+        shape.write(path, seed=1)
+        item = suite.Item(shape.name, shape.description, path, "scenario",
+                          rises=shape.rises)
+        return suite.rise_windows(item, item.load(), profile)
+
+    assert windows(flash) == {5, 6, 7}
+    assert windows(step) == {5, 6}
 
 
 def test_jobs_keep_the_oracle_plan_sharers_together() -> None:
