@@ -978,23 +978,38 @@ def test_saturated_replicas_check_the_tokens_capacity_model() -> None:
     assert next(s for s in sim.last.steps if s.name == "load").detail.count("x 0.87") == 1
 
 
+def _memory_bound(usage: float) -> types.SignalSnapshot:
+    """6 waiting (under the overload bound of 8 a replica) and the caches `usage` full."""
+    return types.SignalSnapshot(
+        queue_depth=value(6), tokens_per_second=value(2_000),
+        prompt_tokens_per_second=value(35_000), kv_cache_usage=value(usage))
+
+
 def test_a_full_kv_cache_is_saturation_too() -> None:
     # Long prompts: the caches are full (vLLM admits no more) with a few waiting, under
     # the queue's overload bound (8 per replica). What the replicas serve then is their
     # capacity on this mix, as with a queue: 1.733 / 2 = 0.867 of the model.
     p = policy(signals=TOKENS_AND_QUEUE, replicas={"min": 1, "max": 40})
-
-    def memory_bound(usage: float) -> types.SignalSnapshot:
-        return types.SignalSnapshot(
-            queue_depth=value(6), tokens_per_second=value(2_000),
-            prompt_tokens_per_second=value(35_000), kv_cache_usage=value(usage))
-
     full, half = Sim(p, current=2), Sim(p, current=2)
     for t in range(0, 62, 2):
-        full.step(t, memory_bound(0.97), ready=2)
-        half.step(t, memory_bound(0.5), ready=2)
+        full.step(t, _memory_bound(0.97), ready=2)
+        half.step(t, _memory_bound(0.5), ready=2)
     assert full.state.served_share == pytest.approx(1.733 / 2, rel=1e-3)
     assert half.state.served_share == 1.0       # room in the cache: no capacity read
+
+
+def test_a_full_cache_swinging_under_the_full_mark_stays_saturated() -> None:
+    # With requests waiting for room, a full cache's mean swings as answers end and
+    # waiting requests take their blocks: 0.97, 0.93, 0.98, 0.92, ... Saturation lasts
+    # while the mean stays at 0.90 or more once it began at 0.95, so it lasts the 30 s
+    # that make what the replicas serve their capacity; a cache at 0.85 ends it.
+    p = policy(signals=TOKENS_AND_QUEUE, replicas={"min": 1, "max": 40})
+    swinging, emptying = Sim(p, current=2), Sim(p, current=2)
+    for t in range(0, 62, 2):
+        swinging.step(t, _memory_bound((0.97, 0.93, 0.98, 0.92)[t // 2 % 4]), ready=2)
+        emptying.step(t, _memory_bound((0.97, 0.85)[t // 2 % 2]), ready=2)
+    assert swinging.state.served_share == pytest.approx(1.733 / 2, rel=1e-3)
+    assert emptying.state.served_share == 1.0
 
 
 def test_a_backlog_left_on_old_replicas_teaches_no_capacity() -> None:
