@@ -197,17 +197,17 @@ SERVED_BOUNDS = (0.5, 2.0)
 def learn_served_share(draft: Draft, *, saturated: bool) -> str:
     """The tokens/s capacity model, checked against what saturated replicas serve.
 
-    A queue beyond the overload bound, or a KV cache at KV_FULL, means every ready replica
-    is busy (in compute or in memory), so the work they produce is their capacity on
-    today's mix: 7 replicas of half 6k-token prompts filled 98 % of their caches with 31
-    waiting, under the queue's bound of 56, while serving 0.87 of the model. In
-    capacity-model units (the tokens opinion x its utilisation target / ready replicas)
-    that is 1 when the model is right. Measured:
-    5 replicas saturated on half 6k-token prompts served 0.875 of it (prefill interleaved
-    with decode costs more than the two capacities add up to), so 7 replicas sized by the
-    model ran out at 31 req/s; on chat-sized prompts 2 replicas served 1.10. The share
-    rescales the tokens opinion (and the learned load of a request, which was sized by the
-    model) from then on, in both directions, bounded by SERVED_BOUNDS.
+    A queue beyond the overload bound, or a KV cache at KV_FULL (once saturated, down to
+    KV_STILL_FULL), means every ready replica is busy (in compute or in memory), so the work
+    they produce is their capacity on today's mix: 7 replicas of half 6k-token prompts
+    filled 98 % of their caches with 31 waiting, under the queue's bound of 56, while
+    serving 0.87 of the model. In capacity-model units (the tokens opinion x its utilisation
+    target / ready replicas) that is 1 when the model is right. Measured: 5 replicas
+    saturated on half 6k-token prompts served 0.875 of it (prefill interleaved with decode
+    costs more than the two capacities add up to), so 7 replicas sized by the model ran out
+    at 31 req/s; on chat-sized prompts 2 replicas served 1.10. The share rescales the tokens
+    opinion (and the learned load of a request, which was sized by the model) from then on,
+    in both directions, bounded by SERVED_BOUNDS.
     Only while the ready count is the one the overload began with, for SATURATION_SETTLE_S
     first: a backlog stays on the replicas that held it when new ones become ready, which
     then serve only new arrivals (a flash crowd's 8 ready replicas served 0.5 of the model
