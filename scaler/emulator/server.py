@@ -114,6 +114,9 @@ BODY_MEDIA_ACCEPTED = ("application/json", "application/yaml",
                        "application/vnd.kubernetes.protobuf")
 APPLY_PATCH = "application/apply-patch+yaml"
 HEALTH_PATHS = ("/healthz", "/livez", "/readyz")
+# kube-apiserver's --max-request-body-bytes default (3 MiB): a ConfigMap of 1 MiB of values
+# reaches validation, and is refused there with its own 422.
+MAX_REQUEST_BODY_BYTES = 3 * 1024 * 1024
 LEASE_TIMES = ("acquireTime", "renewTime")
 
 
@@ -195,7 +198,7 @@ class KubeEmulator:
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self, *, port: int = 0) -> str:
         """Listen on 127.0.0.1:`port` (0: a free port) and return the base URL."""
-        app = web.Application()
+        app = web.Application(client_max_size=MAX_REQUEST_BODY_BYTES)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()

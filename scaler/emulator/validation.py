@@ -1,5 +1,5 @@
 """Validation the kube-apiserver runs before it stores an object: names, Deployments,
-Scales, core Events and Leases, with the real field paths and texts (422 causes)."""
+Scales, core Events, Leases and ConfigMaps, with the real field paths and texts (422 causes)."""
 
 from __future__ import annotations
 
@@ -142,6 +142,50 @@ def lease(obj: Obj) -> list[FieldError]:
     return errors
 
 
+_CONFIG_KEY = "[-._a-zA-Z0-9]+"
+CONFIG_KEY_MESSAGE = (
+    "a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. "
+    f"'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '{_CONFIG_KEY}')")
+MAX_CONFIG_MAP_BYTES = 1024 * 1024  # core.MaxSecretSize: data and binaryData values
+
+
+def config_map_key_problems(key: str) -> list[str]:
+    """IsConfigMapKey's answers."""
+    problems = []
+    if len(key) > 253:
+        problems.append("must be no more than 253 characters")
+    if re.fullmatch(_CONFIG_KEY, key) is None:
+        problems.append(CONFIG_KEY_MESSAGE)
+    if key == ".":
+        problems.append("must not be '.'")
+    elif key == "..":
+        problems.append("must not be '..'")
+    elif key.startswith(".."):
+        problems.append("must not start with '..'")
+    return problems
+
+
+def config_map(obj: Obj) -> list[FieldError]:
+    """ValidateConfigMap: every key a config key, no key in both data and binaryData, and
+    at most 1 MiB of values in all (the error names the whole object: `[]`)."""
+    data = obj.get("data") or {}
+    binary = obj.get("binaryData") or {}
+    errors = []
+    total = 0
+    for bag, values in (("data", data), ("binaryData", binary)):
+        for key, value in values.items():
+            errors += [invalid_value(f"{bag}[{key}]", key, p)
+                       for p in config_map_key_problems(str(key))]
+            total += len(str(value).encode()) if bag == "data" else len(str(value)) * 3 // 4
+    for key in set(data) & set(binary):
+        errors.append(invalid_value(f"data[{key}]", key, "duplicate of key present in "
+                                    "binaryData"))
+    if total > MAX_CONFIG_MAP_BYTES:
+        errors.append(FieldError("FieldValueTooLong", "[]", "Too long: may not be more than "
+                                 f"{MAX_CONFIG_MAP_BYTES} bytes"))
+    return errors
+
+
 def micro_times(obj: Obj, *, kind: str, version: str, fields: tuple[str, ...]) -> None:
     """A MicroTime must carry exactly six fractional digits (Go parses it with
     `2006-01-02T15:04:05.000000Z07:00`); anything else fails decoding: 400."""
@@ -170,4 +214,6 @@ def for_type(key: tuple[str, str], obj: Obj) -> list[FieldError]:
         errors += lease(obj)
     elif key == ("", "pods"):
         errors += pod(obj)
+    elif key == ("", "configmaps"):
+        errors += config_map(obj)
     return errors

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.emulator.conftest import DEPLOYMENTS, NS, Http, deployment
 
 LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases"
@@ -97,3 +99,31 @@ async def test_lease_duration_must_be_positive(http: Http) -> None:
                                     "spec.leaseDurationSeconds: Invalid value: 0: must be "
                                     "greater than 0")
     assert zero.body["details"]["causes"][0]["field"] == "spec.leaseDurationSeconds"
+
+
+CONFIGMAPS = f"/api/v1/namespaces/{NS}/configmaps"
+
+
+# A body over 1 MB is what this test sends on purpose (aiohttp warns of its size).
+@pytest.mark.filterwarnings("ignore:Sending a large body:ResourceWarning")
+async def test_a_configmap_needs_config_keys_and_at_most_a_mebibyte(http: Http) -> None:
+    bad_key = await http.call("POST", CONFIGMAPS, {
+        "metadata": {"name": "keys"}, "data": {"inference/llama": "{}", "..x": "{}"}})
+    assert bad_key.status == 422
+    assert sorted(c["field"] for c in bad_key.body["details"]["causes"]) == [
+        "data[..x]", "data[inference/llama]"]
+    assert "a valid config key must consist of alphanumeric characters, '-', '_' or '.'" in (
+        bad_key.body["message"])
+    # The limit counts the values: 1 MiB of them in all, whatever the keys.
+    half = "x" * (512 * 1024)
+    too_long = await http.call("POST", CONFIGMAPS, {
+        "metadata": {"name": "big"}, "data": {"a": half, "b": half, "c": "x"}})
+    assert too_long.status == 422
+    assert too_long.body["message"] == (
+        'ConfigMap "big" is invalid: []: Too long: may not be more than 1048576 bytes')
+    assert too_long.body["details"]["causes"] == [{
+        "reason": "FieldValueTooLong", "message": "Too long: may not be more than 1048576 bytes",
+        "field": "[]"}]
+    stored = await http.ok("POST", CONFIGMAPS, {
+        "metadata": {"name": "big"}, "data": {"a": half, "b": half, "inference.llama": ""}})
+    assert stored["metadata"]["name"] == "big"
