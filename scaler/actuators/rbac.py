@@ -17,8 +17,8 @@ from scaler.actuators import settings as kube_settings
 from scaler.core import errors
 from scaler.policy import model
 
-Scope = Literal["cluster", "targets", "lease", "placeholder", "clusterapi", "capacitybuffer",
-                "policies", "deletioncost", "fleet"]
+Scope = Literal["cluster", "targets", "lease", "learned", "placeholder", "clusterapi",
+                "capacitybuffer", "policies", "deletioncost", "fleet"]
 Obj = dict[str, Any]  # one manifest, as YAML loads it
 
 API_VERSION = "rbac.authorization.k8s.io/v1"
@@ -28,8 +28,8 @@ API_VERSION = "rbac.authorization.k8s.io/v1"
 class Rule:
     """One RBAC rule. scope: where it is granted: `cluster` (a ClusterRole: nodes are not
     namespaced), `targets` (a Role in each watched namespace, or one ClusterRole when
-    cluster-wide), `lease` / `placeholder` / `clusterapi` / `capacitybuffer` (a Role in that
-    one namespace)."""
+    cluster-wide), `lease` / `learned` / `placeholder` / `clusterapi` / `capacitybuffer` (a
+    Role in that one namespace)."""
 
     api_group: str
     resources: tuple[str, ...]
@@ -75,6 +75,9 @@ RULES: tuple[Rule, ...] = (
          "the leader writes each GpuPool's and GpuBudget's Valid condition"),
     Rule("coordination.k8s.io", ("leases",), ("get", "create", "update"), "lease",
          "leader election on one Lease"),
+    Rule("", ("configmaps",), ("get", "create", "update"), "learned",
+         "the engine's learned state, kept across restarts in one ConfigMap beside the Lease "
+         "(only with kube.learned_state.enabled)"),
     Rule("apps", ("deployments",), ("get", "create", "patch"), "placeholder",
          "the placeholder Deployments of node pools (only with kube.placeholder.enabled)"),
     Rule("cluster.x-k8s.io", ("machinedeployments",), ("get",), "clusterapi",
@@ -144,6 +147,7 @@ class Plan:
     target_namespaces: tuple[str, ...]  # empty when cluster-wide
     cluster_wide: bool
     lease_namespace: str | None  # None: no Lease (kube.lease.enabled false)
+    learned_namespace: str | None  # None: no learned state kept (kube.learned_state)
     placeholder_namespace: str | None  # None: the placeholder actuator is off
     clusterapi_namespace: str | None  # None: no Cluster API node pools
     capacitybuffer_namespace: str | None  # None: the capacitybuffer actuator is off
@@ -175,6 +179,8 @@ def plan(settings: kube_settings.KubeSettings, *, name: str, namespace: str,
         name=name, namespace=namespace, service_account=service_account or name,
         target_namespaces=tuple(dict.fromkeys(targets)), cluster_wide=settings.cluster_wide,
         lease_namespace=settings.lease.namespace if settings.lease.enabled else None,
+        learned_namespace=(settings.lease.namespace if settings.learned_state.enabled
+                           else None),
         placeholder_namespace=(settings.placeholder.namespace
                                if settings.placeholder.enabled else None),
         clusterapi_namespace=settings.clusterapi_namespace if clusterapi else None,
@@ -228,8 +234,8 @@ def _role(name: str, namespace: str | None, rules: list[Obj], subject: Obj) -> l
 
 def manifests(grants: Plan) -> list[Obj]:
     """Every object that grants what `grants` says: the ServiceAccount; a ClusterRole for
-    nodes; Roles per target namespace (ClusterRole when cluster-wide); the Lease,
-    placeholder, Cluster API and CapacityBuffer Roles; the metrics API's bindings."""
+    nodes; Roles per target namespace (ClusterRole when cluster-wide); the Lease, learned
+    state, placeholder, Cluster API and CapacityBuffer Roles; the metrics API's bindings."""
     name, subject = grants.name, grants.subject
     documents: list[Obj] = [{"apiVersion": "v1", "kind": "ServiceAccount",
                              "metadata": _metadata(grants.service_account, grants.namespace)}]
@@ -245,7 +251,8 @@ def manifests(grants: Plan) -> list[Obj]:
     for namespace in grants.target_namespaces:
         documents += _role(f"{name}-targets", namespace, targets, subject)
     single: tuple[tuple[Scope, str | None], ...] = (
-        ("lease", grants.lease_namespace), ("placeholder", grants.placeholder_namespace),
+        ("lease", grants.lease_namespace), ("learned", grants.learned_namespace),
+        ("placeholder", grants.placeholder_namespace),
         ("clusterapi", grants.clusterapi_namespace),
         ("capacitybuffer", grants.capacitybuffer_namespace))
     for scope, where in single:

@@ -150,6 +150,30 @@ class DeletionCostSettings(core_settings.Group):
         "kube.request_timeout_s and the scale-down goes ahead.")
 
 
+class LearnedStateSettings(core_settings.Group):
+    """What the engine learned of each model (served share, load of a request, return
+    pattern, start times), kept in a ConfigMap beside the Lease: the leader writes it, every
+    instance reads it at start, so a restart or a failover does not forget it
+    (docs/service.md)."""
+
+    enabled: bool = Field(
+        default=True, description="Keep the learned state in a ConfigMap (and grant get, "
+        "create and update on ConfigMaps in the Lease's namespace). Off: every start learns "
+        "from nothing.")
+    name: str | None = Field(
+        default=None, description="Name of the ConfigMap, in the Lease's namespace. None: "
+        "the Lease's name + '-learned' (a dry-run instance's Lease has its own name, so its "
+        "own ConfigMap).")
+    write_seconds: float = Field(
+        default=60.0, gt=0, description="The leader writes what changed this often (and at "
+        "shutdown). 60 s: a failover loses at most a minute of learning; one small write a "
+        "minute.")
+    max_age_seconds: float = Field(
+        default=86_400.0, gt=0, description="A record older than this is not resumed: the "
+        "load it was learned on may be gone. One day: a daily cycle's pattern carries over, "
+        "a week-old capacity share does not.")
+
+
 class KubeSettings(core_settings.Group):
     """How the scaler reaches the Kubernetes API.
 
@@ -221,6 +245,9 @@ class KubeSettings(core_settings.Group):
     deletion_cost: DeletionCostSettings = Field(
         default_factory=DeletionCostSettings,
         description="Pod deletion costs from in-flight work before a scale-down.")
+    learned_state: LearnedStateSettings = Field(
+        default_factory=LearnedStateSettings,
+        description="The engine's learned state kept across restarts, in a ConfigMap.")
 
     @model_validator(mode="after")
     def _one_scope(self) -> KubeSettings:

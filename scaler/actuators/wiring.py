@@ -11,6 +11,7 @@ from scaler.actuators import (
     base,
     capacitybuffer,
     cluster_reader,
+    configmap,
     deletion_cost,
     events,
     leader,
@@ -37,6 +38,8 @@ class KubeAdapters:
     leader: base.LeaderElector
     recorder: events.EventRecorder
     pools: dict[str, base.NodePoolActuator] = field(default_factory=dict)
+    learned: configmap.ConfigMapStore | None = None
+    """The engine's learned state (`kube.learned_state`), None when off."""
 
     async def start(self) -> None:
         await self.reader.start()
@@ -53,6 +56,7 @@ class KubeAdapters:
 
 
 DRY_RUN_LEASE_SUFFIX = "-dry-run"
+LEARNED_SUFFIX = "-learned"
 
 
 def election(settings: kube_settings.KubeSettings) -> kube_settings.LeaseSettings:
@@ -68,6 +72,19 @@ def election(settings: kube_settings.KubeSettings) -> kube_settings.LeaseSetting
         return settings.lease
     return settings.lease.model_copy(
         update={"name": f"{settings.lease.name}{DRY_RUN_LEASE_SUFFIX}"})
+
+
+def learned_store(api: kube.KubeApi, settings: kube_settings.KubeSettings
+                  ) -> configmap.ConfigMapStore | None:
+    """The ConfigMap of the engine's learned state, in the Lease's namespace: named
+    `kube.learned_state.name`, or after the Lease this instance elects on (so a dry-run
+    instance keeps its own)."""
+    if not settings.learned_state.enabled:
+        return None
+    lease = election(settings)
+    return configmap.ConfigMapStore(
+        api, namespace=lease.namespace,
+        name=settings.learned_state.name or f"{lease.name}{LEARNED_SUFFIX}")
 
 
 async def connect(settings: kube_settings.KubeSettings, *, identity: str,
@@ -115,4 +132,5 @@ async def connect(settings: kube_settings.KubeSettings, *, identity: str,
         leader=elector,
         recorder=recorder,
         pools=pools,
+        learned=learned_store(api, settings),
     )

@@ -331,6 +331,46 @@ class EngineState:
         return state
 
 
+@dataclass(frozen=True, slots=True)
+class Learned:
+    """What the engine learned of a model that outlives its windows, carried across a
+    restart or a failover (`scaler.service.learned` keeps it in a ConfigMap).
+
+    The windows (recommendations, events, demand, backlog) are minutes of evidence a new
+    instance gathers again, and a restart seeds the down window with the current count;
+    these take saturation, returns of load or slow pod starts to learn, and without them a
+    restarted instance sizes a memory-bound mix by a capacity model it had found wrong.
+    Fields as in EngineState: pod_start_s / node_boot_s are `learned_pod_start_s` /
+    `learned_node_boot_s`, observed_until is `last_observation_at`.
+    """
+
+    pod_start_s: float | None = None
+    node_boot_s: float | None = None
+    observed_until: float = float("-inf")
+    replicas_per_request_rate: float | None = None
+    load_samples: int = 0
+    served_share: float = 1.0
+    served_samples: int = 0
+    return_gap_s: float | None = None
+    returns: int = 0
+    horizon_scale: float = 1.0
+
+    @classmethod
+    def of(cls, state: EngineState) -> Learned:
+        return cls(**{mine: getattr(state, theirs) for mine, theirs in _LEARNED_IN_STATE})
+
+    def state(self) -> EngineState:
+        """A first engine state that starts from what was learned (empty windows)."""
+        return EngineState(**{theirs: getattr(self, mine) for mine, theirs in _LEARNED_IN_STATE})
+
+
+# Each Learned field and the EngineState field it is (the same name but for three).
+_LEARNED_IN_STATE = tuple(
+    (f.name, {"pod_start_s": "learned_pod_start_s", "node_boot_s": "learned_node_boot_s",
+              "observed_until": "last_observation_at"}.get(f.name, f.name))
+    for f in dataclasses.fields(Learned))
+
+
 _Frozen = TypeVar("_Frozen", ClusterState, EngineState)
 _set_slot = object.__setattr__  # how a frozen dataclass sets its own fields
 

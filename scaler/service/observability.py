@@ -317,6 +317,18 @@ def _service(state: service_state.ServiceState, g: Families) -> None:
         "be listed).", ["outcome"])
     for outcome, count in sorted(state.deletion_costs().items()):
         deletion_costs.add_metric([outcome], count)
+    records = g.counter(
+        "scaler_learned_state_records", "Records of the engine's learned state kept across "
+        "restarts, by outcome: resumed at start; not resumed as stale, policy_changed, "
+        "malformed or implausible; omitted from a write (over the ConfigMap's size).",
+        ["outcome"])
+    for outcome, count in sorted(state.learned_records.items()):
+        records.add_metric([outcome], count)
+    writes = g.counter("scaler_learned_state_writes",
+                       "Writes of the learned state's ConfigMap by the leader, by outcome "
+                       "(written, failed).", ["outcome"])
+    for outcome, count in sorted(state.learned_writes.items()):
+        writes.add_metric([outcome], count)
     dropped = g.counter("scaler_dropped_messages",
                         "Signal messages dropped, by source and reason.", ["source", "reason"])
     for (source, reason), count in sorted(state.dropped().items()):

@@ -18,6 +18,7 @@ from scaler.policy import model
 from scaler.service import arbiter as fleet_arbiter
 from scaler.service import audit as audit_log
 from scaler.service import explain
+from scaler.service import learned as service_learned
 from scaler.service import state as service_state
 from scaler.service import variants as service_variants
 
@@ -141,6 +142,8 @@ class Reactor:
         self.evaluations = 0
         self._policies: dict[str, model.ScalePolicy] = {}
         self._engine: dict[str, types.EngineState] = {}
+        # What an earlier instance learned, taken as each model is first evaluated.
+        self.resume: service_learned.Resume | None = None
         self._limit = asyncio.Semaphore(max_concurrent)
         self._models = Coalescer(self._evaluate_with_retries, delay_s=coalesce_s,
                                  task_prefix="evaluate")
@@ -218,7 +221,9 @@ class Reactor:
         now = self.wall_clock()
         cluster = self.arbiter.capped(policy, cluster, now=now)
         spec = policy.spec
-        engine_state = self._engine.get(key, _FIRST_STATE)
+        engine_state = self._engine.get(key)
+        if engine_state is None:
+            engine_state = self._first_state(policy, now=now)
         try:
             snapshot = self.store.snapshot(key, now=now, stale_after_s=spec.stale_after_seconds,
                                            latency_metric=spec.latency_metric)
@@ -271,6 +276,20 @@ class Reactor:
                 document["apply"] = {"outcome": str(outcome), "reason": reason}
                 self.audit.write(document)
         return outcome
+
+    def _first_state(self, policy: model.ScalePolicy, *, now: float) -> types.EngineState:
+        """A model's first engine state: what an earlier instance learned of it, when that
+        was kept and still holds (`resume`), else an empty one."""
+        resumed = self.resume.take(policy, now=now) if self.resume is not None else None
+        if resumed is None:
+            return _FIRST_STATE
+        # Kept at once: a decision that is not applied must not lose it.
+        self._engine[policy.key] = resumed
+        return resumed
+
+    def learned(self) -> dict[str, types.Learned]:
+        """What the engine has learned of every model it evaluated (for `learned.payload`)."""
+        return {key: types.Learned.of(state) for key, state in self._engine.items()}
 
     async def _apply_mix(self, policy: model.ScalePolicy, decision: types.Decision, *,
                          reading: service_variants.Reading,

@@ -18,7 +18,9 @@ from pathlib import Path
 
 from scaler.actuators import authn as delegated
 from scaler.actuators import base as actuators
+from scaler.actuators import client as kube_client
 from scaler.actuators import cluster_reader as kube_reader
+from scaler.actuators import configmap as kube_configmap
 from scaler.actuators import deletion_cost, wiring
 from scaler.actuators import leader as kube_leader
 from scaler.actuators import policy_resources as kube_policies
@@ -40,6 +42,7 @@ from scaler.service import (
     tls,
     web,
 )
+from scaler.service import learned as service_learned
 from scaler.service import settings as service_settings
 from scaler.service import state as service_state
 from scaler.signals import (
@@ -108,6 +111,9 @@ class ClusterBackend:
     deletion_costs: deletion_cost.DeletionCoster | None = None
     """Writes pod deletion costs before scale-downs (`kube.deletion_cost`); its counts go
     to /metrics."""
+    learned: kube_configmap.ConfigMapStore | None = None
+    """Where the engine's learned state is kept across restarts (`kube.learned_state`);
+    None: not kept (a simulated cluster, or the setting off)."""
 
 
 async def kubernetes_backend(
@@ -151,7 +157,8 @@ async def kubernetes_backend(
                           announce=announce, close=close, update=adapters.update,
                           delegation=delegated.KubeDelegation(adapters.api),
                           policy_resources=resources, status_writer=writer,
-                          deletion_costs=adapters.replicas.deletion_costs)
+                          deletion_costs=adapters.replicas.deletion_costs,
+                          learned=adapters.learned)
 
 
 class Service:
@@ -186,6 +193,9 @@ class Service:
         self._cert_dir: Path | None = None
         self._audit: audit_log.AuditLog | None = None
         self._stopped = False
+        # The learned state's last write (its records at `at` 0) and when it was made.
+        self._learned_written: dict[str, str] | None = None
+        self._learned_written_at = float("-inf")
         self.gpu_telemetry: prometheus.GpuTelemetryPoller | None = None
 
     # -- start --------------------------------------------------------------------------
@@ -243,6 +253,9 @@ class Service:
         self.state.add_drop_counter("store", lambda: dict(self.store.refused))
 
         await self._serve()
+        if backend.learned is not None:
+            # Before the policies: a model's first evaluation starts from what was learned.
+            await self._resume_learned(backend.learned)
         # Policies before leadership: a new leader must know what it leads.
         self.watcher = policies.PolicyWatcher(
             settings.policies.paths, poll_seconds=settings.policies.reload_poll_seconds,
@@ -258,6 +271,8 @@ class Service:
             start(_task_name(each), each.run(self.store))
         if self.gpu_telemetry is not None:
             start("dcgm-telemetry", self.gpu_telemetry.run())
+        if backend.learned is not None:
+            start("learned-state", self._keep_learned(backend.learned))
         start("policy-watcher", self.watcher.run())
         start("reactor-backstop", self.reactor.run())
         start("store-expiry", self._expire())
@@ -422,6 +437,60 @@ class Service:
                 await writer.write(namespace=None, name=str(meta.get("name")), status=body,
                                    kind=kind)
 
+    async def _resume_learned(self, store: kube_configmap.ConfigMapStore) -> None:
+        """Read what an earlier instance learned (`kube.learned_state`); each model takes
+        its record when first evaluated. A failed read is logged: models learn anew."""
+        try:
+            data = await store.read()
+        except Exception as error:  # the API down at start must not stop the service
+            log.warning("learned state: cannot read ConfigMap %s/%s: %s; every model "
+                        "learns anew%s", store.namespace, store.name, error,
+                        _LEARNED_GRANT if _forbidden(error) else "")
+            data = {}
+        self.reactor.resume = service_learned.Resume(
+            data, max_age_s=self.settings.kube.learned_state.max_age_seconds,
+            counts=self.state.learned_records)
+        log.info("learned state: %d records in ConfigMap %s/%s", len(data), store.namespace,
+                 store.name)
+
+    async def _keep_learned(self, store: kube_configmap.ConfigMapStore) -> None:
+        """The leader writes the learned state every `write_seconds` when it changed (and
+        every `learned.REFRESH_S` regardless, so its records stay young)."""
+        while True:
+            await asyncio.sleep(self.settings.kube.learned_state.write_seconds)
+            await self._write_learned(store)
+
+    async def _write_learned(self, store: kube_configmap.ConfigMapStore, *,
+                             force: bool = False) -> None:
+        if not self.leader.is_leader:
+            return
+        policies = {item.policy.key: item.policy
+                    for item in self.watcher.current.policies.values()}
+        learned = self.reactor.learned()
+        resume = self.reactor.resume
+        pending = dict(resume.records) if resume is not None else {}
+        now = self.wall_clock()
+        # The same records written at another time differ only in `at`.
+        content, _ = service_learned.payload(learned, policies, at=0.0, pending=pending)
+        if (not force and content == self._learned_written
+                and now - self._learned_written_at < service_learned.REFRESH_S):
+            return
+        data, omitted = service_learned.payload(learned, policies, at=now, pending=pending)
+        try:
+            await store.write(data)
+        except Exception as error:  # counted and logged; the next period tries again
+            self.state.learned_writes["failed"] += 1
+            log.warning("learned state: cannot write ConfigMap %s/%s: %s%s", store.namespace,
+                        store.name, error, _LEARNED_GRANT if _forbidden(error) else "")
+            return
+        self.state.learned_writes["written"] += 1
+        if omitted:
+            self.state.learned_records[service_learned.OMITTED] += omitted
+            log.warning("learned state: %d models left out of ConfigMap %s/%s (over %d "
+                        "bytes)", omitted, store.namespace, store.name,
+                        service_learned.MAX_DATA_BYTES)
+        self._learned_written, self._learned_written_at = content, now
+
     async def _expire(self) -> None:
         """Drop signal values past the store's TTL, at the backstop tick's pace."""
         while True:
@@ -442,6 +511,14 @@ class Service:
             await stop(name)
         if hasattr(self, "reactor"):
             await self.reactor.drain(timeout_s=self.drain_timeout_s)
+        await stop("learned-state")
+        if self.backend is not None and self.backend.learned is not None and hasattr(
+                self, "watcher"):
+            # The last minute's learning, while still leader (bounded: a dead API server
+            # must not hold the shutdown).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._write_learned(self.backend.learned, force=True),
+                                       timeout=self.settings.kube.request_timeout_s)
         await stop("leader")
         if hasattr(self, "leader"):
             await self.leader.release()
@@ -493,6 +570,14 @@ class Service:
                 log.error("stopped because task %s failed: %s", failure.name, failure.error)
             return 1
         return 0
+
+
+_LEARNED_GRANT = (" (grant configmaps get, create and update in that namespace: `scaler kube "
+                  "rbac`; or set kube.learned_state.enabled false)")
+
+
+def _forbidden(error: Exception) -> bool:
+    return isinstance(error, kube_client.KubeError) and error.status == 403
 
 
 def _task_name(each: source.SignalSource) -> str:

@@ -373,6 +373,11 @@ class ServiceState:
         self._leader: bool | None = None
         self._drop_sources: dict[str, DropCounter] = {}
         self.deletion_costs: DropCounter = dict
+        # The engine's learned state kept in a ConfigMap (scaler.service.learned): records
+        # by outcome (resumed, stale, policy_changed, malformed, implausible, omitted) and
+        # the leader's writes (written, failed).
+        self.learned_records: collections.Counter[str] = collections.Counter()
+        self.learned_writes: collections.Counter[str] = collections.Counter()
         """Pod deletion-cost patches by outcome (`patched`, `failed`, `list_failed`)."""
         self._health: dict[str, HealthReader] = {}
         self._draining = False

@@ -24,7 +24,7 @@ def test_kube_rbac_prints_the_rules(capsys: pytest.CaptureFixture[str]) -> None:
              for d in documents if d["kind"] in ("Role", "ClusterRole")]
     assert roles == [("ClusterRole", "scaler-nodes", None), ("Role", "scaler-targets", "a"),
                      ("Role", "scaler-targets", "b"), ("Role", "scaler-lease", "ops"),
-                     ("Role", "scaler-placeholder", "headroom"),
+                     ("Role", "scaler-learned", "ops"), ("Role", "scaler-placeholder", "headroom"),
                      ("ClusterRole", "scaler:external-metrics-reader", None)]
     subject = {"kind": "ServiceAccount", "name": "scaler", "namespace": "ops"}
     assert documents[0] == {"apiVersion": "v1", "kind": "ServiceAccount",

@@ -107,6 +107,13 @@ async def test_requests_match_the_printed_rbac(kube: KubeTestEnv, wall_clock: Ma
     capi = nodepool.ClusterApiActuator(kube.api, settings=settings, leader=elector)
     capi_pool = model.NodePool(name="p", actuator="clusterapi", machine_deployment="md")
     assert (await capi.apply(capi_pool, plan)).written
+    # The learned state's ConfigMap, beside the Lease: read, created, replaced.
+    learned = wiring.learned_store(kube.api, settings)
+    assert learned is not None and learned.namespace == lease_ns
+    assert await learned.read() == {}
+    await learned.write({"ns.model": "{}"})
+    await learned.write({"ns.model": "[]"})
+    assert await learned.read() == {"ns.model": "[]"}
     await elector.release()
 
     grants = rbac.plan(settings, name="scaler", namespace="scaler-system", clusterapi=True)

@@ -20,12 +20,15 @@ from typing import Any
 import aiohttp
 import nats
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from scaler import cli, testing
 from scaler import emulator as kube_emulator
 from scaler.actuators import base as actuators
 from scaler.actuators import settings as kube_settings
 from scaler.core import backoff as core_backoff
+from scaler.engine import types
+from scaler.service import learned as service_learned
 from scaler.service import runner, settings, tls
 from scaler.testing import nats_server
 
@@ -374,3 +377,70 @@ async def test_service_runs_on_any_cluster_backend(
         assert "Scaling up from 2 to 15: demand says 15" in capsys.readouterr().out
     finally:
         await service.stop()
+
+
+LEARNED_CONFIGMAP = ("scaler", "scaler-leader-learned")
+
+
+def learned_record(emu: kube_emulator.KubeEmulator) -> dict[str, Any]:
+    configmap = emu.store.get(emu.resource("", "configmaps"), *LEARNED_CONFIGMAP)
+    return dict(json.loads(configmap["data"][f"{NAMESPACE}.{MODEL}"]))
+
+
+def edit_learned_record(emu: kube_emulator.KubeEmulator, **fields: Any) -> None:
+    """As someone with edit rights on ConfigMaps in the scaler's namespace would."""
+    rtype = emu.resource("", "configmaps")
+    configmap = emu.store.get(rtype, *LEARNED_CONFIGMAP)
+    record = {**learned_record(emu), **fields}
+    configmap["data"][f"{NAMESPACE}.{MODEL}"] = json.dumps(record)
+    emu.store.update(rtype, *LEARNED_CONFIGMAP, configmap)
+
+
+async def learned_metrics(service: runner.Service, http: aiohttp.ClientSession
+                          ) -> dict[str, float]:
+    assert service.http is not None
+    async with http.get(f"{service.http.url}/metrics") as response:
+        text = await response.text()
+    return {sample.labels["outcome"]: sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "scaler_learned_state_records" for sample in family.samples}
+
+
+async def test_a_new_instance_resumes_what_the_last_one_learned(
+    start_service: Start, emulator: kube_emulator.KubeEmulator, nats_url: str,
+    http: aiohttp.ClientSession,
+) -> None:
+    first = await start_service()
+    await publish(nats_url, burst(sources=30, in_flight=5.0))
+    await eventually(lambda: replicas(emulator) == 15, what="scaled to 15")
+    # The new pods became ready: their start times are learned from their timelines.
+    await eventually(lambda: (first.reactor.learned().get(KEY) or types.Learned()
+                              ).pod_start_s is not None, what="pod starts learned")
+    learned_start = first.reactor.learned()[KEY].pod_start_s
+    await first.stop()  # the leader writes what it learned before releasing the Lease
+    record = learned_record(emulator)
+    assert record["podStartSeconds"] == learned_start
+    policy = next(item.policy for item in first.watcher.current.policies.values())
+    assert record["policy"] == service_learned.fingerprint(policy)
+
+    # As if the last instance had seen slow pulls: the next one starts from 42 s, before
+    # any pod of its own starts.
+    edit_learned_record(emulator, podStartSeconds=42.0)
+    second = await start_service()
+    await publish(nats_url, burst(sources=30, in_flight=5.0))
+    await eventually(lambda: KEY in second.reactor.learned(), what="evaluated")
+    assert second.reactor.learned()[KEY].pod_start_s == 42.0
+    assert (await learned_metrics(second, http)).get("resumed") == 1
+    await second.stop()
+    assert learned_record(emulator)["podStartSeconds"] == 42.0
+
+    # A hostile edit is refused whole and counted; the model learns anew and still scales.
+    edit_learned_record(emulator, podStartSeconds=42.0, servedShare=1e308)
+    third = await start_service()
+    await publish(nats_url, burst(sources=30, in_flight=5.0))
+    await eventually(lambda: KEY in third.reactor.learned(), what="evaluated")
+    assert third.reactor.learned()[KEY].pod_start_s != 42.0
+    assert (await learned_metrics(third, http)) == {"implausible": 1}
+    status = third.state.status(KEY)
+    assert status is not None and status.last is not None
+    assert status.last.decision.desired == 15

@@ -1,0 +1,226 @@
+"""What the engine learned of each model (`types.Learned`), kept across restarts and
+failovers: one record a model in a ConfigMap the leader writes, read back at start.
+
+The ConfigMap is writable by whoever may edit ConfigMaps in the scaler's namespace, so a
+record is input like a signal: parsed within a size bound, every field checked for type
+and physical bounds, and refused whole (logged with the model and the field, counted by
+reason) rather than half used. A record is also refused when it is older than
+`max_age_s` (the load it was learned on may be gone) or was learned under another
+capacity model (its policy's target, signals, resources or profile changed: a served
+share is relative to `capacityPerReplica`, a load per request to the same units).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from scaler.engine import decide, recommend, types
+from scaler.policy import model
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+MAX_RECORD_BYTES = 4096
+"""A record is about 300 bytes; a longer one is not ours."""
+MAX_DATA_BYTES = 900_000
+"""The records written, in bytes of keys and values: under the API server's 1 MiB
+(1,048,576 bytes) for a ConfigMap's data, with room for its metadata. About 3,000 models;
+past that the models least recently learned from are left out (counted, `omitted`)."""
+REFRESH_S = 3600.0
+"""Records are rewritten at least this often while unchanged, so a value confirmed by a
+running leader never reads as older than `max_age_s` to the next one."""
+FUTURE_SKEW_S = 300.0
+"""How far ahead of this instance's clock a record's times may lie (another node's clock)."""
+DAY_S = 86_400.0
+MAX_COUNT = 1_000_000_000
+
+# Outcomes a record is counted under (scaler_learned_state_records{outcome}).
+RESUMED = "resumed"
+STALE = "stale"
+POLICY_CHANGED = "policy_changed"
+MALFORMED = "malformed"
+IMPLAUSIBLE = "implausible"
+OMITTED = "omitted"
+
+_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+
+
+class Refused(ValueError):
+    """A record that is not resumed: `reason` is its outcome, the message names the field."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def data_key(model_key: str) -> str:
+    """`namespace/name` -> the ConfigMap key `namespace.name` (a namespace has no dots,
+    so the first dot splits it again)."""
+    return model_key.replace("/", ".", 1)
+
+
+def model_key(key: str) -> str:
+    return key.replace(".", "/", 1)
+
+
+def fingerprint(policy: model.ScalePolicy) -> str:
+    """What the learned values are relative to: the target, the signals (the capacity
+    model), the resources (GPUs a replica) and the replica profile."""
+    spec = policy.spec
+    parts = {"target": spec.target.model_dump(mode="json", by_alias=True),
+             "signals": spec.signals.model_dump(mode="json", by_alias=True),
+             "resources": spec.resources.model_dump(mode="json", by_alias=True),
+             "profile": spec.profile}
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# Record field -> (Learned attribute, kind, low, high). Kinds: "optional" a number that
+# may be absent (None: not learned), "float", "count" a non-negative integer; bounds
+# inclusive (a pod start of 0 s is what second-precision timestamps can give).
+_FIELDS: dict[str, tuple[str, str, float, float]] = {
+    "podStartSeconds": ("pod_start_s", "optional", 0.0, DAY_S),
+    "nodeBootSeconds": ("node_boot_s", "optional", 0.0, DAY_S),
+    "replicasPerRequestRate": ("replicas_per_request_rate", "optional", 0.0,
+                               recommend.MAX_DEMAND_REPLICAS),
+    "loadSamples": ("load_samples", "count", 0, MAX_COUNT),
+    "servedShare": ("served_share", "float", *decide.SERVED_BOUNDS),
+    "servedSamples": ("served_samples", "count", 0, MAX_COUNT),
+    "returnGapSeconds": ("return_gap_s", "optional", 0.0, 7 * DAY_S),
+    "returns": ("returns", "count", 0, MAX_COUNT),
+    "horizonScale": ("horizon_scale", "float", 0.0, 1.0),
+}
+
+
+def encode(learned: types.Learned, *, at: float, policy_fingerprint: str) -> str:
+    """One record: compact JSON, camelCase keys, times in epoch seconds."""
+    document: dict[str, Any] = {"v": VERSION, "at": round(at, 3), "policy": policy_fingerprint}
+    if math.isfinite(learned.observed_until):
+        document["observedUntil"] = round(learned.observed_until, 3)
+    for name, (attribute, _, _, _) in _FIELDS.items():
+        value = getattr(learned, attribute)
+        if value is not None:
+            document[name] = value
+    return json.dumps(document, separators=(",", ":"))
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise Refused(MALFORMED, f"{name}: not a number ({value!r})")
+    if not math.isfinite(value):
+        raise Refused(IMPLAUSIBLE, f"{name}: not finite ({value!r})")
+    return float(value)
+
+
+def decode(text: str, *, now: float, policy_fingerprint: str, max_age_s: float
+           ) -> types.Learned:
+    """A record back as `types.Learned`; raises Refused naming what is wrong."""
+    if len(text) > MAX_RECORD_BYTES:
+        raise Refused(MALFORMED, f"{len(text)} bytes, more than {MAX_RECORD_BYTES}")
+    try:
+        document = json.loads(text)
+    except ValueError as error:
+        raise Refused(MALFORMED, f"not JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise Refused(MALFORMED, "not a JSON object")
+    if document.get("v") != VERSION:
+        raise Refused(MALFORMED, f"v: {document.get('v')!r}, want {VERSION}")
+    at = _number("at", document.get("at"))
+    if at > now + FUTURE_SKEW_S:
+        raise Refused(IMPLAUSIBLE, f"at: {at:.0f} is {at - now:.0f} s in the future")
+    if now - at > max_age_s:
+        raise Refused(STALE, f"at: written {now - at:.0f} s ago, more than {max_age_s:.0f} s")
+    if document.get("policy") != policy_fingerprint:
+        raise Refused(POLICY_CHANGED, "policy: learned under another target, signals, "
+                      "resources or profile")
+    values: dict[str, Any] = {}
+    if "observedUntil" in document:
+        observed = _number("observedUntil", document["observedUntil"])
+        if observed > now + FUTURE_SKEW_S:
+            raise Refused(IMPLAUSIBLE, f"observedUntil: {observed - now:.0f} s in the future")
+        values["observed_until"] = observed
+    for name, (attribute, kind, low, high) in _FIELDS.items():
+        if name not in document or (kind == "optional" and document[name] is None):
+            continue
+        number = _number(name, document[name])
+        if kind == "count" and not number.is_integer():
+            raise Refused(MALFORMED, f"{name}: not a whole number ({number!r})")
+        if not low <= number <= high:
+            raise Refused(IMPLAUSIBLE, f"{name}: {number!r} outside [{low:g}, {high:g}]")
+        values[attribute] = int(number) if kind == "count" else number
+    unknown = set(document) - {"v", "at", "policy", "observedUntil", *_FIELDS}
+    if unknown:
+        raise Refused(MALFORMED, f"unknown fields {sorted(unknown)}")
+    return types.Learned(**values)
+
+
+class Resume:
+    """The records read at start, taken one model at a time as each is first evaluated
+    (so an evaluation that starts before the read has ended is never seeded twice)."""
+
+    def __init__(self, data: Mapping[str, str], *, max_age_s: float,
+                 counts: Counter[str] | None = None) -> None:
+        self.max_age_s = max_age_s
+        self.records: dict[str, str] = {}
+        # Records by outcome (scaler_learned_state_records): the service state's counter.
+        self.counts: Counter[str] = Counter() if counts is None else counts
+        for key, text in data.items():
+            if _KEY.fullmatch(key) and "." in key:
+                self.records[model_key(key)] = text
+            else:
+                self.counts[MALFORMED] += 1
+                log.warning("learned state: key %r is not namespace.name; ignored", key)
+
+    def take(self, policy: model.ScalePolicy, *, now: float) -> types.EngineState | None:
+        """The engine state to start `policy`'s model from, or None (nothing kept, or
+        refused: logged and counted)."""
+        text = self.records.pop(policy.key, None)
+        if text is None:
+            return None
+        try:
+            learned = decode(text, now=now, policy_fingerprint=fingerprint(policy),
+                             max_age_s=self.max_age_s)
+        except Refused as refused:
+            self.counts[refused.reason] += 1
+            log.warning("%s: learned state not resumed (%s): %s", policy.key, refused.reason,
+                        refused, extra={"model": policy.key})
+            return None
+        self.counts[RESUMED] += 1
+        log.info("%s: resumed learned state: %s", policy.key, learned,
+                 extra={"model": policy.key})
+        return learned.state()
+
+
+def payload(learned: Mapping[str, types.Learned], policies: Mapping[str, model.ScalePolicy],
+            *, at: float, pending: Mapping[str, str]) -> tuple[dict[str, str], int]:
+    """The ConfigMap's data: a record for every model in force that learned something, and
+    the records read at start of models not evaluated since (carried over unchanged);
+    within MAX_DATA_BYTES, the most samples first. Returns (data, records left out)."""
+    empty = types.Learned()
+    records: list[tuple[int, str, str]] = []
+    for key, values in learned.items():
+        policy = policies.get(key)
+        if policy is None or values == empty:
+            continue
+        weight = values.load_samples + values.served_samples + values.returns
+        records.append((weight, data_key(key), encode(
+            values, at=at, policy_fingerprint=fingerprint(policy))))
+    for key, text in pending.items():
+        if key in policies and key not in learned:
+            records.append((0, data_key(key), text))
+    records.sort(key=lambda r: (-r[0], r[1]))
+    data: dict[str, str] = {}
+    size = 0
+    for _, key, text in records:
+        if size + len(key) + len(text) > MAX_DATA_BYTES:
+            break
+        data[key] = text
+        size += len(key) + len(text)
+    return dict(sorted(data.items())), len(records) - len(data)

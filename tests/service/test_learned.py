@@ -1,0 +1,197 @@
+"""The engine's learned state kept across restarts: the record's codec, its refusals, what
+a resumed engine decides, and what a write keeps (scaler.service.learned)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scaler.engine import types
+from scaler.service import learned
+from tests.engine.helpers import Sim, policy, value
+
+TOKENS_AND_QUEUE = {"queueDepth": {"targetWaitingPerReplica": 8},
+                    "tokensPerSecond": {"capacityPerReplica": 6000,
+                                        "promptCapacityPerReplica": 25000,
+                                        "targetUtilization": 0.8}}
+POLICY = policy(signals=TOKENS_AND_QUEUE, replicas={"min": 1, "max": 40})
+NOW = 1_764_930_000.0
+DAY = 86_400.0
+LEARNED = types.Learned(pod_start_s=104.2, node_boot_s=290.0, observed_until=NOW - 50,
+                        replicas_per_request_rate=0.0913, load_samples=310,
+                        served_share=0.868, served_samples=41, return_gap_s=402.0,
+                        returns=3, horizon_scale=0.5)
+
+
+def _decode(text: str, *, now: float = NOW, max_age_s: float = DAY) -> types.Learned:
+    return learned.decode(text, now=now, policy_fingerprint=learned.fingerprint(POLICY),
+                          max_age_s=max_age_s)
+
+
+def _record(**fields: Any) -> str:
+    document = json.loads(learned.encode(LEARNED, at=NOW - 60,
+                                         policy_fingerprint=learned.fingerprint(POLICY)))
+    document.update(fields)
+    return json.dumps(document)
+
+
+def test_a_record_round_trips_and_starts_an_engine_state_from_it() -> None:
+    text = learned.encode(LEARNED, at=NOW - 60, policy_fingerprint=learned.fingerprint(POLICY))
+    assert len(text) < 400
+    assert _decode(text) == LEARNED
+    state = LEARNED.state()
+    assert types.Learned.of(state) == LEARNED
+    assert state.recommendations == () and state.last_desired is None  # windows start empty
+    # Nothing learned yet: the record holds only what every record holds.
+    empty = json.loads(learned.encode(types.Learned(), at=NOW, policy_fingerprint="f"))
+    assert set(empty) == {"v", "at", "policy", "loadSamples", "servedShare", "servedSamples",
+                          "returns", "horizonScale"}
+    assert learned.decode(json.dumps(empty), now=NOW, policy_fingerprint="f",
+                          max_age_s=DAY) == types.Learned()
+
+
+def _saturated() -> types.SignalSnapshot:
+    """2 replicas with 200 waiting serving 2,000 generated and 35,000 prompt tokens/s: the
+    model says 1.733 replicas of work (0.867 a replica)."""
+    return types.SignalSnapshot(
+        arrival_rate=value(40), queue_depth=value(200), tokens_per_second=value(2_000),
+        prompt_tokens_per_second=value(35_000), completion_rate=value(20))
+
+
+def _calm() -> types.SignalSnapshot:
+    return types.SignalSnapshot(queue_depth=value(0), tokens_per_second=value(4_000),
+                                prompt_tokens_per_second=value(60_000), arrival_rate=value(5))
+
+
+def test_a_resumed_engine_decides_with_what_was_learned() -> None:
+    # One instance learns the served share under saturation...
+    first = Sim(POLICY, current=2)
+    for t in range(0, 62, 2):
+        first.step(t, _saturated(), ready=2)
+    assert first.state.served_share == pytest.approx(0.867, rel=1e-3)
+    text = learned.encode(types.Learned.of(first.state), at=first.start + 62,
+                          policy_fingerprint=learned.fingerprint(POLICY))
+    # ... a second starts from its record, a third from nothing, on the same calm load:
+    # (4,000 / 6,000 + 60,000 / 25,000) / 0.8 = 3.83 replicas by the model, 4.42 as served.
+    resumed = Sim(POLICY, current=4, state=learned.decode(
+        text, now=first.start + 100, policy_fingerprint=learned.fingerprint(POLICY),
+        max_age_s=DAY).state())
+    fresh = Sim(POLICY, current=4)
+    for t in range(100, 132, 2):  # a rise within the margin is confirmed for 20 s first
+        resumed.step(t, _calm(), ready=4)
+        fresh.step(t, _calm(), ready=4)
+    assert (resumed.current, fresh.current) == (5, 4)
+    assert resumed.last is not None
+    tokens = next(o for o in resumed.last.signals if o.name == "tokens_per_second")
+    assert "seen to serve 87%" in tokens.detail
+
+
+def test_the_fingerprint_follows_the_capacity_model_not_the_bounds() -> None:
+    print_ = learned.fingerprint(POLICY)
+    assert learned.fingerprint(policy(signals=TOKENS_AND_QUEUE,
+                                      replicas={"min": 2, "max": 80})) == print_
+    changed = {**TOKENS_AND_QUEUE, "tokensPerSecond": {
+        **TOKENS_AND_QUEUE["tokensPerSecond"], "capacityPerReplica": 9000}}
+    assert learned.fingerprint(policy(signals=changed,
+                                      replicas={"min": 1, "max": 40})) != print_
+
+
+@pytest.mark.parametrize(("text", "reason", "names"), [
+    ("{not json", learned.MALFORMED, "not JSON"),
+    ("[1, 2]", learned.MALFORMED, "not a JSON object"),
+    (_record(v=2), learned.MALFORMED, "v: 2"),
+    (_record(at="yesterday"), learned.MALFORMED, "at"),
+    (_record(at=NOW + 3600), learned.IMPLAUSIBLE, "at"),
+    (_record(at=NOW - 2 * DAY), learned.STALE, "at"),
+    (_record(policy="0123456789abcdef"), learned.POLICY_CHANGED, "policy"),
+    (_record(servedShare=5.0), learned.IMPLAUSIBLE, "servedShare"),
+    (_record(servedShare=float("nan")), learned.IMPLAUSIBLE, "servedShare"),
+    (_record(replicasPerRequestRate=float("inf")), learned.IMPLAUSIBLE,
+     "replicasPerRequestRate"),
+    (_record(podStartSeconds=-3), learned.IMPLAUSIBLE, "podStartSeconds"),
+    (_record(horizonScale=1e300), learned.IMPLAUSIBLE, "horizonScale"),
+    (_record(loadSamples=1.5), learned.MALFORMED, "loadSamples"),
+    (_record(returns=True), learned.MALFORMED, "returns"),
+    (_record(observedUntil=NOW + DAY), learned.IMPLAUSIBLE, "observedUntil"),
+    (_record(extra=1), learned.MALFORMED, "unknown fields"),
+    (_record(padding="x" * 5000), learned.MALFORMED, "bytes"),
+])
+def test_a_bad_record_is_refused_whole_naming_the_field(text: str, reason: str,
+                                                        names: str) -> None:
+    with pytest.raises(learned.Refused) as refused:
+        _decode(text)
+    assert refused.value.reason == reason
+    assert names in str(refused.value)
+
+
+_ANY_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=3),
+    max_leaves=6)
+_NUMBERS = (st.floats(allow_nan=True, allow_infinity=True) | st.integers(-2**70, 2**70)
+            | st.sampled_from([0.0, -0.0, 5e-324, 1e300, -1e300]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(fields=st.dictionaries(st.sampled_from([*learned._FIELDS, "observedUntil", "at"]),
+                              _NUMBERS | _ANY_JSON, max_size=6))
+def test_whatever_a_record_holds_it_is_refused_or_decided_on_within_bounds(
+        fields: dict[str, Any]) -> None:
+    text = _record(**fields)
+    try:
+        resumed = _decode(text)
+    except learned.Refused:
+        return
+    sim = Sim(POLICY, current=4, start=NOW, state=resumed.state())
+    for t in range(0, 20, 2):
+        desired = sim.step(t, _calm() if t < 10 else _saturated(), ready=4)
+        assert 1 <= desired <= 40
+
+
+def test_resume_takes_each_record_once_and_counts_what_it_refuses() -> None:
+    counts: Counter[str] = Counter()
+    other = policy(signals=TOKENS_AND_QUEUE, replicas={"min": 1, "max": 40})
+    other = other.model_copy(update={"metadata": other.metadata.model_copy(
+        update={"name": "other"})})
+    resume = learned.Resume({learned.data_key(POLICY.key): _record(),
+                             learned.data_key(other.key): _record(servedShare=9),
+                             "no_dot": "{}"}, max_age_s=DAY, counts=counts)
+    assert counts == {learned.MALFORMED: 1}  # a key that names no model
+    state = resume.take(POLICY, now=NOW)
+    assert state is not None and types.Learned.of(state) == LEARNED
+    assert resume.take(POLICY, now=NOW) is None  # taken once
+    assert resume.take(other, now=NOW) is None
+    assert counts == {learned.MALFORMED: 1, learned.RESUMED: 1, learned.IMPLAUSIBLE: 1}
+    assert resume.records == {}
+
+
+def test_a_write_keeps_what_was_learned_within_the_configmaps_size() -> None:
+    policies = {f"ns/m{i}": POLICY for i in range(5)}
+    values = {f"ns/m{i}": types.Learned(load_samples=i, served_share=0.9) for i in range(4)}
+    values["ns/m0"] = types.Learned()          # nothing learned: not written
+    values["ns/gone"] = LEARNED                # no policy any more: not written
+    pending = {"ns/m4": "kept as read", "ns/m1": "superseded", "ns/other": "no policy"}
+    data, omitted = learned.payload(values, policies, at=NOW, pending=pending)
+    assert sorted(data) == ["ns.m1", "ns.m2", "ns.m3", "ns.m4"]
+    assert data["ns.m4"] == "kept as read" and omitted == 0
+    assert _decode(data["ns.m3"]) == values["ns/m3"]
+    # Over the bound: those with the most samples are kept, the rest counted.
+    many = {f"ns/m{i}": dataclasses.replace(LEARNED, load_samples=i + 1) for i in range(4000)}
+    data, omitted = learned.payload(many, dict.fromkeys(many, POLICY), at=NOW, pending={})
+    size = sum(len(k) + len(v) for k, v in data.items())
+    assert size <= learned.MAX_DATA_BYTES < size + 300
+    assert omitted == 4000 - len(data) > 0
+    assert "ns.m3999" in data and "ns.m0" not in data
+
+
+def test_data_keys_are_configmap_keys_and_name_the_model_again() -> None:
+    key = "inference/llama-3.1-8b"
+    assert learned.data_key(key) == "inference.llama-3.1-8b"
+    assert learned.model_key(learned.data_key(key)) == key
