@@ -114,9 +114,13 @@ def encode(learned: types.Learned, *, at: float, policy_fingerprint: str) -> str
 def _number(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise Refused(MALFORMED, f"{name}: not a number ({value!r})")
-    if not math.isfinite(value):
+    try:
+        number = float(value)  # an integer of 400 digits does not fit
+    except OverflowError:
+        raise Refused(IMPLAUSIBLE, f"{name}: too large") from None
+    if not math.isfinite(number):
         raise Refused(IMPLAUSIBLE, f"{name}: not finite ({value!r})")
-    return float(value)
+    return number
 
 
 def decode(text: str, *, now: float, policy_fingerprint: str, max_age_s: float

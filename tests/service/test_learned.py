@@ -116,6 +116,7 @@ def test_the_fingerprint_follows_the_capacity_model_not_the_bounds() -> None:
      "replicasPerRequestRate"),
     (_record(podStartSeconds=-3), learned.IMPLAUSIBLE, "podStartSeconds"),
     (_record(horizonScale=1e300), learned.IMPLAUSIBLE, "horizonScale"),
+    (_record(servedSamples=10**400), learned.IMPLAUSIBLE, "servedSamples"),
     (_record(loadSamples=1.5), learned.MALFORMED, "loadSamples"),
     (_record(returns=True), learned.MALFORMED, "returns"),
     (_record(observedUntil=NOW + DAY), learned.IMPLAUSIBLE, "observedUntil"),
@@ -135,7 +136,7 @@ _ANY_JSON = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
                                                                 max_size=3),
     max_leaves=6)
-_NUMBERS = (st.floats(allow_nan=True, allow_infinity=True) | st.integers(-2**70, 2**70)
+_NUMBERS = (st.floats(allow_nan=True, allow_infinity=True) | st.integers(-10**400, 10**400)
             | st.sampled_from([0.0, -0.0, 5e-324, 1e300, -1e300]))
 
 
