@@ -324,7 +324,13 @@ class KubeEmulator:
                                 _json(error.status(), error.code))
         verb = self._verb(request, route)
         if request.can_read_body:
-            raw = await request.read()
+            try:
+                raw = await request.read()
+            except web.HTTPRequestEntityTooLarge:
+                too_large = StoreError(413, "RequestEntityTooLarge", "Request entity too "
+                                       f"large: limit is {MAX_REQUEST_BODY_BYTES}")
+                return self._record(request, verb, None,
+                                    _json(too_large.status(), too_large.code))
             try:
                 body = self._decode(request, route, verb, raw)
             except StoreError as error:

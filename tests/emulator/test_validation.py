@@ -127,3 +127,9 @@ async def test_a_configmap_needs_config_keys_and_at_most_a_mebibyte(http: Http) 
     stored = await http.ok("POST", CONFIGMAPS, {
         "metadata": {"name": "big"}, "data": {"a": half, "b": half, "inference.llama": ""}})
     assert stored["metadata"]["name"] == "big"
+    # Past kube-apiserver's request body limit (3 MiB) nothing is decoded: 413, a Status.
+    huge = await http.call("POST", CONFIGMAPS, {
+        "metadata": {"name": "huge"}, "data": {"a": "x" * (3 * 1024 * 1024)}})
+    assert huge.status == 413
+    assert (huge.body["reason"], huge.body["message"]) == (
+        "RequestEntityTooLarge", "Request entity too large: limit is 3145728")
