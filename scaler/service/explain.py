@@ -69,7 +69,39 @@ def decision_document(
     if observation.variants:
         document["variants"] = [_variant_row(row, status.variant_costs.get(row.name))
                                 for row in observation.variants]
+    if observation.engine is not None:
+        learned = engine_types.Learned.of(observation.engine)
+        document["learned"] = {
+            **dataclasses.asdict(learned),
+            "resumed_at": None if status.resumed_at is None else timefmt.rfc3339(
+                status.resumed_at)}
     return dict(_json_safe(document))
+
+
+def _learned_line(learned: Mapping[str, Any]) -> str | None:
+    """What the engine has learned of the model (only what it has), and whether it was
+    resumed from an earlier instance's record."""
+    parts = []
+    if learned["served_samples"]:
+        parts.append(f"saturated replicas serve {learned['served_share']:.0%} of the tokens/s "
+                     f"capacity model ({learned['served_samples']} samples)")
+    if learned["replicas_per_request_rate"] is not None:
+        parts.append(f"one request/s is {learned['replicas_per_request_rate']:.3g} replicas "
+                     f"({learned['load_samples']} samples)")
+    if learned["pod_start_s"] is not None:
+        parts.append(f"a pod starts in {learned['pod_start_s']:.0f} s")
+    if learned["node_boot_s"] is not None:
+        parts.append(f"a node boots in {learned['node_boot_s']:.0f} s")
+    if learned["return_gap_s"] is not None and learned["returns"]:
+        parts.append(f"load came back {learned['return_gap_s']:.0f} s after a drop "
+                     f"({learned['returns']} times in a row)")
+    if learned["horizon_scale"] < 0.999:
+        parts.append(f"{learned['horizon_scale']:.0%} of the trend is trusted")
+    if not parts:
+        return None
+    resumed = learned.get("resumed_at")
+    origin = f" (resumed from a record written {resumed})" if resumed else ""
+    return "Learned" + origin + ": " + "; ".join(parts) + "."
 
 
 def _variant_row(row: service_state.VariantObservation, spent: engine_cost.Cost | None
@@ -195,6 +227,9 @@ def describe(document: dict[str, Any]) -> str:
     )
     for note in cluster.get("capacity_notes") or []:
         lines.append(f"Pool capacity: {note}.")
+    learned_line = _learned_line(document["learned"]) if document.get("learned") else None
+    if learned_line is not None:
+        lines.append(learned_line)
     lines.extend(_variant_lines(document.get("variants") or []))
     lines.append("Signals:")
     if not decision["signals"]:

@@ -182,15 +182,17 @@ class Resume:
                 self.counts[MALFORMED] += 1
                 log.warning("learned state: key %r is not namespace.name; ignored", key)
 
-    def take(self, policy: model.ScalePolicy, *, now: float) -> types.EngineState | None:
-        """The engine state to start `policy`'s model from, or None (nothing kept, or
-        refused: logged and counted)."""
+    def take(self, policy: model.ScalePolicy, *, now: float
+             ) -> tuple[types.Learned, float] | None:
+        """What `policy`'s model had learned and when that was written, or None (nothing
+        kept, or refused: logged and counted)."""
         text = self.records.pop(policy.key, None)
         if text is None:
             return None
         try:
             learned = decode(text, now=now, policy_fingerprint=fingerprint(policy),
                              max_age_s=self.max_age_s)
+            written_at = float(json.loads(text)["at"])  # checked by decode
         except Refused as refused:
             self.counts[refused.reason] += 1
             log.warning("%s: learned state not resumed (%s): %s", policy.key, refused.reason,
@@ -199,7 +201,7 @@ class Resume:
         self.counts[RESUMED] += 1
         log.info("%s: resumed learned state: %s", policy.key, learned,
                  extra={"model": policy.key})
-        return learned.state()
+        return learned, written_at
 
 
 def payload(learned: Mapping[str, types.Learned], policies: Mapping[str, model.ScalePolicy],

@@ -247,11 +247,14 @@ class Reactor:
             reason = "already at desired replicas"
         if outcome in _KEEP_STATE and self._policies.get(key) is policy:
             self._engine[key] = new_state
+        else:
+            new_state = engine_state  # not applied: the model is decided from it again
         self.evaluations += 1
         observation = service_state.Observation(
             decision=decision, snapshot=snapshot, cluster=cluster, at=now,
             variants=() if reading is None else service_variants.observed(
-                reading, mix=self.arbiter.mix(key), owners=self.arbiter.owners(key)))
+                reading, mix=self.arbiter.mix(key), owners=self.arbiter.owners(key)),
+            engine=new_state)
         self.state.record(key, observation, outcome=str(outcome), apply_reason=reason)
         if (self.arbiter.record(policy, decision, cluster, now=now) if reading is None else
                 self.arbiter.record_variants(policy, decision, held=reading.held,
@@ -283,9 +286,12 @@ class Reactor:
         resumed = self.resume.take(policy, now=now) if self.resume is not None else None
         if resumed is None:
             return _FIRST_STATE
+        learned, written_at = resumed
+        state = learned.state()
         # Kept at once: a decision that is not applied must not lose it.
-        self._engine[policy.key] = resumed
-        return resumed
+        self._engine[policy.key] = state
+        self.state.record_resumed(policy.key, written_at)
+        return state
 
     def learned(self) -> dict[str, types.Learned]:
         """What the engine has learned of every model it evaluated (for `learned.payload`)."""

@@ -64,6 +64,9 @@ class Observation:
     cluster: types.ClusterState
     at: float
     variants: tuple[VariantObservation, ...] = ()
+    # The engine state the model is decided from next (what it has learned is read from
+    # it only when explained: `types.Learned.of`).
+    engine: types.EngineState | None = None
 
 
 BUSY_DCGM = "dcgm"  # DCGM SM-active ratio of the model's pods' GPUs: measured
@@ -212,6 +215,7 @@ class ModelStatus:
     cost: engine_cost.Cost
     evaluation_errors: int = 0
     last_scale_at: float | None = None  # the newest decision that asked for another count
+    resumed_at: float | None = None  # when the learned state this instance resumed was written
     # a model with variants: each variant's share of `cost` (requests are the model's)
     variant_costs: Mapping[str, engine_cost.Cost] = field(default_factory=dict)
     since: float = 0.0  # wall time the policy came into force (`silence` judges from it)
@@ -257,6 +261,7 @@ class _Entry:
     variant_costs: dict[str, engine_cost.Cost] = field(default_factory=dict)
     evaluation_errors: int = 0
     last_scale_at: float | None = None
+    resumed_at: float | None = None
     history: decision_history.History = field(default_factory=decision_history.History)
 
 
@@ -490,6 +495,12 @@ class ServiceState:
         if entry is not None:
             entry.evaluation_errors += 1
 
+    def record_resumed(self, key: str, written_at: float) -> None:
+        """The model started from what an earlier instance learned, written at `written_at`."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            entry.resumed_at = written_at
+
     def record_evaluation_seconds(self, seconds: float) -> None:
         """Time one evaluation (of any model) took, the cluster read and patch included."""
         self.evaluation_seconds.observe(seconds)
@@ -582,6 +593,7 @@ def _view(entry: _Entry) -> ModelStatus:
         cost=entry.cost,
         variant_costs=entry.variant_costs,  # replaced on each accrual, never changed
         evaluation_errors=entry.evaluation_errors,
+        resumed_at=entry.resumed_at,
         last_scale_at=entry.last_scale_at,
         since=entry.since,
     )

@@ -408,7 +408,7 @@ async def learned_metrics(service: runner.Service, http: aiohttp.ClientSession
 
 async def test_a_new_instance_resumes_what_the_last_one_learned(
     start_service: Start, emulator: kube_emulator.KubeEmulator, nats_url: str,
-    http: aiohttp.ClientSession,
+    http: aiohttp.ClientSession, capsys: pytest.CaptureFixture[str],
 ) -> None:
     first = await start_service()
     await publish(nats_url, burst(sources=30, in_flight=5.0))
@@ -431,6 +431,12 @@ async def test_a_new_instance_resumes_what_the_last_one_learned(
     await eventually(lambda: KEY in second.reactor.learned(), what="evaluated")
     assert second.reactor.learned()[KEY].pod_start_s == 42.0
     assert (await learned_metrics(second, http)).get("resumed") == 1
+    # `scaler explain` says what the model is decided from, and where it came from.
+    assert second.http is not None
+    assert await asyncio.to_thread(cli.main, ["explain", MODEL, "--url", second.http.url]) == 0
+    explained = capsys.readouterr().out
+    assert "Learned (resumed from a record written 20" in explained
+    assert "a pod starts in 42 s" in explained
     await second.stop()
     assert learned_record(emulator)["podStartSeconds"] == 42.0
 

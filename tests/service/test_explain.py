@@ -85,3 +85,29 @@ def test_every_pipeline_step_is_explained() -> None:
         name.value for name, _ in engine_decide.PIPELINE]
     for name, _ in engine_decide.PIPELINE:
         assert f"\n  {name.value:<11} " in text
+
+
+def test_what_the_engine_learned_is_said_only_once_it_has_learned_it() -> None:
+    registry = factories.loaded_state(factories.policy())
+    obs = factories.observation(current=5, desired=5)
+    registry.record("inference/llama-70b", dataclasses.replace(obs, engine=types.EngineState()))
+    status = registry.status("inference/llama-70b")
+    assert status is not None and status.last is not None
+    assert "Learned" not in explain.describe(explain.decision_document(status, status.last))
+
+    learned = types.EngineState(served_share=0.868, served_samples=41,
+                                replicas_per_request_rate=0.0913, load_samples=310,
+                                learned_pod_start_s=104.2, return_gap_s=402.0, returns=3,
+                                horizon_scale=0.5)
+    registry.record("inference/llama-70b", dataclasses.replace(obs, engine=learned))
+    registry.record_resumed("inference/llama-70b", factories.NOW - 600)
+    status = registry.status("inference/llama-70b")
+    assert status is not None and status.last is not None
+    document = json.loads(json.dumps(explain.decision_document(status, status.last)))
+    assert document["learned"]["served_share"] == 0.868
+    line = next(x for x in explain.describe(document).splitlines() if x.startswith("Learned"))
+    assert line == (
+        "Learned (resumed from a record written 2025-11-29T09:43:20Z): saturated replicas "
+        "serve 87% of the tokens/s capacity model (41 samples); one request/s is 0.0913 "
+        "replicas (310 samples); a pod starts in 104 s; load came back 402 s after a drop "
+        "(3 times in a row); 50% of the trend is trusted.")

@@ -165,8 +165,7 @@ def test_resume_takes_each_record_once_and_counts_what_it_refuses() -> None:
                              learned.data_key(other.key): _record(servedShare=9),
                              "no_dot": "{}"}, max_age_s=DAY, counts=counts)
     assert counts == {learned.MALFORMED: 1}  # a key that names no model
-    state = resume.take(POLICY, now=NOW)
-    assert state is not None and types.Learned.of(state) == LEARNED
+    assert resume.take(POLICY, now=NOW) == (LEARNED, NOW - 60)
     assert resume.take(POLICY, now=NOW) is None  # taken once
     assert resume.take(other, now=NOW) is None
     assert counts == {learned.MALFORMED: 1, learned.RESUMED: 1, learned.IMPLAUSIBLE: 1}
