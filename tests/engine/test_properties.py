@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from scaler.engine import decide as engine_decide
@@ -151,15 +151,20 @@ def test_same_inputs_give_the_same_output(p: Any, start: int, timeline: Any) -> 
 @given(st.integers(8, 40), st.lists(st.tuples(
     st.floats(min_value=0.5, max_value=30), st.floats(0, 1), st.floats(0, 1), st.floats(0, 1),
     st.floats(0, 10)), min_size=1, max_size=40))
+@example(29, [(1.0, 0.0, 1.0, 0.0, 0.0), (1.0, 1.0, 0.0, 0.125, 2.0),
+              (1.0, 1.0, 0.0, 0.125, 2.0)])  # found by a test run before the queue came out
 def test_never_pinned_at_max_while_every_capacity_signal_reads_under_half(
     top: int, timeline: list[tuple[float, float, float, float, float]]
 ) -> None:
-    # Concurrency (10 per replica), tokens/s (1,000 per replica) and the arrival rate
-    # (0.1 replicas per req/s once learned) all read under half of max, the queue within
-    # what the ready replicas hold (2 per replica) and latency anywhere up to 10x the SLO:
-    # the count may rise, never to max. (The guard pushes on a short queue only when it
-    # waits past the SLO, and then at most 1.5x the capacity readings; the look-ahead
-    # extrapolates at most the history it has seen.)
+    # Concurrency (running + waiting, 10 per replica), tokens/s (1,000 per replica at 0.8)
+    # and the arrival rate (0.1 replicas per req/s once learned) all read under half of
+    # max, the queue within what the ready replicas hold (2 per replica) and latency
+    # anywhere up to 10x the SLO: the count may rise, never to max. (The guard pushes on a
+    # short queue only when it waits past the SLO, and then at most 1.5x the capacity
+    # readings; the look-ahead extrapolates at most the history it has seen.) The waiting
+    # are part of the concurrency reading, so they come out of the running: a queue of 2
+    # per ready replica on top read 18.7 of max 29 after a push to 26 ready, and the guard
+    # went to max on that reading, as it should.
     p = policy(replicas={"min": 1, "max": top},
                signals={"concurrency": {"targetPerReplica": 10},
                         "queueDepth": {"targetWaitingPerReplica": 2},
@@ -171,10 +176,12 @@ def test_never_pinned_at_max_while_every_capacity_signal_reads_under_half(
     for dt, running, tokens, rate, slo_multiple in timeline:
         t += dt
         ready = sim.current
+        in_system = running * half * 10
+        waiting = min(2.0 * ready * min(running, 1.0), in_system)
         sim.step(t, types.SignalSnapshot(
-            in_flight=types.SignalValue(running * half * 10, 0.0, True),
-            tokens_per_second=types.SignalValue(tokens * half * 1000, 0.0, True),
-            queue_depth=types.SignalValue(2.0 * ready * min(running, 1.0), 0.0, True),
+            in_flight=types.SignalValue(in_system - waiting, 0.0, True),
+            tokens_per_second=types.SignalValue(tokens * half * 1000 * 0.8, 0.0, True),
+            queue_depth=types.SignalValue(waiting, 0.0, True),
             arrival_rate=types.SignalValue(rate * half * 10, 0.0, True),
             completion_rate=types.SignalValue(rate * half * 10, 0.0, True),
             p95_latency=types.SignalValue(2.0 * slo_multiple, 0.0, True)))
