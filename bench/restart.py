@@ -7,7 +7,9 @@ Each load runs the scaler strategy three times on the same trace and seeds: with
 restart; restarted at each of `--restarts` (seconds into the trace) from nothing, as every
 instance started before the learned state was kept; and restarted from the learned state
 a ConfigMap would hold (`types.Learned`: the record the leader writes, through its codec,
-so what a restart resumes is exactly what `scaler.service.learned` keeps). A restart
+so what a restart resumes is exactly what `scaler.service.learned` keeps). A fourth run
+has no restart but starts from what a whole run on another draw of the same load
+learned: a model that has run before (the day before), as a deployed one has. A restart
 empties the engine's windows and the signal store (the new process has no samples yet),
 as `scaler run` starting on a cluster does; the simulated cluster keeps running.
 Cells: GPU-hours / feasible windows met.
@@ -20,6 +22,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from loadtests import scenarios, suite
 from scaler.engine import types
@@ -42,7 +45,7 @@ LOADS: dict[str, tuple[str, dict[str, float], dict[str, object]]] = {
                     {"behavior": {"restartAware": True}}),
     "step": ("step", {"at": 300.0, "hold": 900.0, "after": 600.0}, {}),
 }
-MODES = ("none", "forgotten", "resumed")
+MODES = ("none", "forgotten", "resumed", "warm")
 
 
 @dataclass(slots=True)
@@ -69,12 +72,8 @@ class Restarting:
             self.done.extend(due)
             state = types.EngineState()
             if self.resume:
-                epoch = self.inner.start_epoch_s + now
-                fingerprint = learned.fingerprint(self.inner.policy)
-                record = learned.encode(types.Learned.of(self.inner.state), at=epoch,
-                                        policy_fingerprint=fingerprint)
-                state = learned.decode(record, now=epoch, policy_fingerprint=fingerprint,
-                                       max_age_s=learned.DAY_S).state()
+                state = _resumed(types.Learned.of(self.inner.state), self.inner.policy,
+                                 at=self.inner.start_epoch_s + now)
             self.inner.state = state
             self.inner.__post_init__()  # a new process: an empty signal store
         return self.inner.decide(cluster, now=now)
@@ -93,13 +92,26 @@ def policy_for(changes: dict[str, object]) -> policy_model.ScalePolicy:
     return policy_model.ScalePolicy.model_validate(document)
 
 
-def measure(label: str, seed: int, restarts: tuple[float, ...], out: Path
-            ) -> dict[str, dict[str, float]]:
-    shape_name, params, changes = LOADS[label]
-    shape = scenarios.scenario(shape_name, **params)
+def _trace(label: str, seed: int, out: Path) -> traces.Trace:
+    shape_name, params, _ = LOADS[label]
     path = out / f"{label}-{seed}.csv"
-    shape.write(path, seed=seed)
-    trace = traces.load_trace(path)
+    scenarios.scenario(shape_name, **params).write(path, seed=seed)
+    return traces.load_trace(path)
+
+
+def _resumed(kept: types.Learned, policy: policy_model.ScalePolicy, *, at: float
+             ) -> types.EngineState:
+    """`kept` written at `at` and read back as a new instance does: the state it starts."""
+    fingerprint = learned.fingerprint(policy)
+    record = learned.encode(kept, at=at, policy_fingerprint=fingerprint)
+    return learned.decode(record, now=at, policy_fingerprint=fingerprint,
+                          max_age_s=learned.DAY_S).state()
+
+
+def measure(label: str, seed: int, restarts: tuple[float, ...], out: Path
+            ) -> dict[str, dict[str, Any]]:
+    changes = LOADS[label][2]
+    trace = _trace(label, seed, out)
     policy = policy_for(changes)
     profile = profiles.load_profile(policy.spec.profile or "llama-3.1-8b-h100")
     pool = run.pool_for(policy, profile)
@@ -107,11 +119,17 @@ def measure(label: str, seed: int, restarts: tuple[float, ...], out: Path
     feasible = run.feasible(trace, profile=profile, metric=problem.metric,
                             threshold=problem.threshold_s)
     initial = run.initial_replicas_for(trace, policy=policy, profile=profile)
-    cells = {}
+    cells: dict[str, dict[str, Any]] = {}
     for mode in MODES:
         inner = scaler_strategy.ScalerStrategy(policy, start_epoch_s=trace.start_s)
-        strategy = inner if mode == "none" else Restarting(inner, restarts,
-                                                           resume=mode == "resumed")
+        strategy: scaler_strategy.ScalerStrategy | Restarting = inner
+        if mode in ("forgotten", "resumed"):
+            strategy = Restarting(inner, restarts, resume=mode == "resumed")
+        elif mode == "warm":
+            # The same model a day before: a whole run on another draw of the load.
+            before = _trace(label, seed + suite.WARM_SEED_OFFSET, out)
+            inner.state = _resumed(run.learned_on(before, policy=policy, profile=profile),
+                                   policy, at=trace.start_s)
         cluster = run.run_strategy(strategy, trace=trace, profile=profile, pool=pool,
                                    policy=policy, initial_replicas=initial)
         summary = run.summarize(cluster, policy=policy, metric=problem.metric,
@@ -137,11 +155,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     restarts = tuple(float(t) for t in args.restarts.split(","))
     args.out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, dict[int, dict[str, dict[str, float]]]] = {}
+    results: dict[str, dict[int, dict[str, dict[str, Any]]]] = {}
     print(f"restarts at {', '.join(f'{t:.0f}' for t in restarts)} s; cells: GPU-h / "
           "feasible windows met (served share at the end)")
-    print("| load | seed | no restart | restarted from nothing | restarted, state resumed |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print("| load | seed | no restart | restarted from nothing | restarted, state resumed "
+          "| no restart, started from a run before |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for label in args.loads.split(","):
         results[label] = {}
         for seed in range(args.first_seed, args.first_seed + args.seeds):

@@ -114,6 +114,9 @@ HOLDOUT: dict[str, tuple[str, dict[str, float]]] = {
                                 "duration": 3600.0}),
 }
 HOLDOUT_SEED = 11
+# `--warm`: the load a model ran before is the same shape drawn with seed + this (or a
+# shared trace loaded with it).
+WARM_SEED_OFFSET = 1000
 # A removed replica's grace period per hold-out label, where the default (30 s) would cut
 # answers at every scale-down: 5,000-token answers take ~3 minutes, and a model serving
 # them is deployed with a grace period that lets them finish (at 30 s the scaler warns,
@@ -137,10 +140,23 @@ class Item:
     grace_s: float = sim_cluster.TERMINATION_GRACE_S
     # A scenario's file was drawn with this seed; a shared trace is loaded with it.
     seed: int = SHARED_SEED
+    # `--warm`: a scenario's other draw (WARM_SEED_OFFSET), the load its model ran before.
+    warm_path: Path | None = None
 
     def load(self) -> traces.Trace:
         return traces.load_trace(self.path, rate_scale=self.rate_scale, seed=self.seed,
                                  start_s=self.start_s, max_duration_s=self.duration_s)
+
+    def load_before(self) -> traces.Trace:
+        """The load this model ran before (`--warm`): a scenario drawn with another seed; a
+        shared trace loaded with another seed when its loading draws from it, else the
+        same span right after the one replayed."""
+        if self.warm_path is not None:
+            return traces.load_trace(self.warm_path)
+        if self.seeded():
+            return replace(self, seed=self.seed + WARM_SEED_OFFSET).load()
+        span = self.duration_s if self.duration_s is not None else self.load().duration_s
+        return replace(self, start_s=(self.start_s or 0.0) + span).load()
 
     def seeded(self) -> bool:
         """Whether loading a shared trace draws from the seed: ServeGen's requests are
@@ -150,26 +166,27 @@ class Item:
         return self.rate_scale != 1.0 or traces.sniff(self.path) == "servegen"
 
 
-def scenario_items(out: Path, *, quick: bool, seeds: int = 1) -> list[Item]:
+def scenario_items(out: Path, *, quick: bool, seeds: int = 1, warm: bool = False
+                   ) -> list[Item]:
     """Write each scenario's trace under `out/traces`, once per seed, and describe it
     (`step.csv` for one seed, `step-seed3.csv`, `step-seed4.csv`, ... for several)."""
     chosen = scenarios.QUICK if quick else FULL
     return _shape_items(out, {name: (name, params) for name, params in chosen.items()},
-                        first_seed=SCENARIO_SEED, seeds=seeds)
+                        first_seed=SCENARIO_SEED, seeds=seeds, warm=warm)
 
 
-def holdout_items(out: Path, *, seeds: int = 1) -> list[Item]:
+def holdout_items(out: Path, *, seeds: int = 1, warm: bool = False) -> list[Item]:
     """The hold-out shapes (HOLDOUT), written under `out/traces` like scenario_items."""
     return _shape_items(out, HOLDOUT, first_seed=HOLDOUT_SEED, seeds=seeds,
-                        grace_s=HOLDOUT_GRACE_S)
+                        grace_s=HOLDOUT_GRACE_S, warm=warm)
 
 
 def _shape_items(out: Path, shapes: dict[str, tuple[str, dict[str, float]]], *,
-                 first_seed: int, seeds: int, grace_s: dict[str, float] | None = None
-                 ) -> list[Item]:
+                 first_seed: int, seeds: int, grace_s: dict[str, float] | None = None,
+                 warm: bool = False) -> list[Item]:
     """Label -> (shape, parameters): each drawn under `seeds` seeds from `first_seed`,
     written under `out/traces`; `grace_s` gives a label's grace period other than the
-    default."""
+    default; `warm`: also the draw its model ran before (`Item.warm_path`)."""
     folder = out / "traces"
     folder.mkdir(parents=True, exist_ok=True)
     items = []
@@ -178,8 +195,12 @@ def _shape_items(out: Path, shapes: dict[str, tuple[str, dict[str, float]]], *,
         for seed in range(first_seed, first_seed + seeds):
             path = folder / (f"{label}.csv" if seeds == 1 else f"{label}-seed{seed}.csv")
             shape.write(path, seed=seed)
+            warm_path = None
+            if warm:
+                warm_path = path.with_name(f"{path.stem}-before.csv")
+                shape.write(warm_path, seed=seed + WARM_SEED_OFFSET)
             item = Item(label, shape.description, path, "scenario", rises=shape.rises,
-                        seed=seed)
+                        seed=seed, warm_path=warm_path)
             if grace_s and label in grace_s:
                 item = replace(item, grace_s=grace_s[label])
             items.append(item)
@@ -245,21 +266,29 @@ def with_headroom(policy: model.ScalePolicy, headroom: dict[str, float]) -> mode
 
 
 def run_job(item: Item, names: tuple[str, ...], policy_path: Path,
-            variants: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
+            variants: dict[str, dict[str, float]] | None = None, warm: bool = False
+            ) -> dict[str, Any]:
     """One process's work: load the trace and policy, simulate the strategies (a headroom
-    variant's label runs the scaler on the policy with that headroom)."""
+    variant's label runs the scaler on the policy with that headroom). `warm`: the scaler
+    starts from what it learned running the load before (`Item.load_before`)."""
     started = time.perf_counter()
     policy = loader.load_paths([policy_path]).policies[0]
     profile = profiles.load_profile(policy.spec.profile or "llama-3.1-8b-h100")
     trace = item.load()
     variant = (variants or {}).get(names[0]) if len(names) == 1 else None
     if variant is not None:
-        result = run.simulate(trace, policy=with_headroom(policy, variant), profile=profile,
-                              names=("scaler",), grace_s=item.grace_s)
+        policy = with_headroom(policy, variant)
+    learned = None
+    if warm and (variant is not None or "scaler" in names):
+        learned = run.learned_on(item.load_before(), policy=policy, profile=profile,
+                                 grace_s=item.grace_s)
+    if variant is not None:
+        result = run.simulate(trace, policy=policy, profile=profile, names=("scaler",),
+                              grace_s=item.grace_s, learned=learned)
         result.results[names[0]] = result.results.pop("scaler")
     else:
         result = run.simulate(trace, policy=policy, profile=profile, names=names,
-                              grace_s=item.grace_s)
+                              grace_s=item.grace_s, learned=learned)
     return {"item": item.name, "seed": item.seed, "names": list(names),
             "summaries": {n: r.summary for n, r in result.results.items()},
             "missed": {n: missed_windows(r.series, result.slo_threshold_s)
@@ -550,6 +579,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--headroom", action="append", default=[], type=headroom_variant,
                         metavar="replicas=N|fraction=F",
                         help="also run the scaler with this spec.headroom (repeatable)")
+    parser.add_argument("--warm", action="store_true",
+                        help="the scaler starts from what it learned running the same load "
+                        f"before (shapes drawn with seed + {WARM_SEED_OFFSET}, shared "
+                        "traces loaded with it): a model that has run before, as the "
+                        "service resumes it from its ConfigMap; without it, a first run")
     parser.add_argument("--seeds", type=int, default=1, metavar="N",
                         help=f"replay every trace under N seeds: shapes drawn with "
                         f"{SCENARIO_SEED}, {SCENARIO_SEED + 1}, ..., shared traces loaded "
@@ -574,9 +608,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(line)
 
     if args.holdout:
-        items = holdout_items(args.out, seeds=args.seeds)
+        items = holdout_items(args.out, seeds=args.seeds, warm=args.warm)
     else:
-        items = scenario_items(args.out, quick=args.quick, seeds=args.seeds)
+        items = scenario_items(args.out, quick=args.quick, seeds=args.seeds, warm=args.warm)
     if not args.quick and not args.holdout:
         items += shared_items(SHARED, say=skip, seeds=args.seeds)
     if args.only:
@@ -610,7 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         + (f", {args.seeds} seeds" if args.seeds > 1 else "")
         + f") on {args.workers} worker processes")
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        futures = [pool.submit(run_job, item, group, args.policy, variants)
+        futures = [pool.submit(run_job, item, group, args.policy, variants, args.warm)
                    for item, group in jobs]
         for done, future in enumerate(as_completed(futures), start=1):
             outcome = future.result()
@@ -627,6 +661,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         replay["missed"] = {n: replay["missed"][n] for n in names if n in replay["missed"]}
     document: dict[str, Any] = {"policy": policy.name, "strategies": list(names),
                                 "workers": args.workers, "quick": args.quick,
+                                "warm": args.warm,
                                 "scenarios": {}, "skipped": skipped}
     if args.seeds == 1:
         document["scenarios"] = {name: replay for (name, _), replay in runs.items()}

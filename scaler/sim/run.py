@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -10,10 +11,12 @@ import numpy as np
 import numpy.typing as npt
 
 from scaler.engine import cost as engine_cost
+from scaler.engine import types as engine_types
 from scaler.policy import model as policy_model
 from scaler.sim import cluster as sim_cluster
 from scaler.sim import profiles, scoring, strategies, traces
 from scaler.sim.strategies import oracle, static_peak
+from scaler.sim.strategies import scaler as scaler_strategy
 
 # DESIGN 4.4: p95 is judged per 60 s window of arrivals that has traffic.
 SLO_WINDOW_S = scoring.SLO_WINDOW_S
@@ -156,7 +159,7 @@ def context_for(
     trace: traces.Trace, pool: sim_cluster.PoolConfig, need: npt.NDArray[np.int64] | None = None,
     initial: int | None = None, dt: float = 0.1, plan: oracle.Plan | None = None,
     grace_s: float = sim_cluster.TERMINATION_GRACE_S, deletion_cost: bool = True,
-    dispatch: sim_cluster.Dispatch = "push",
+    dispatch: sim_cluster.Dispatch = "push", learned: engine_types.Learned | None = None,
 ) -> strategies.Context:
     """What strategy constructors read; the oracle's plan (`plan`, or computed when first
     needed) is shared by `oracle` and `static-peak`."""
@@ -165,7 +168,7 @@ def context_for(
         rate_need=oracle.oracle_need(trace, profile) if need is None else need,
         planner=lambda: plan_oracle(trace, policy=policy, profile=profile, initial=initial,
                                     dt=dt, grace_s=grace_s, dispatch=dispatch),
-        _plan=plan, deletion_cost=deletion_cost)
+        _plan=plan, deletion_cost=deletion_cost, learned=learned)
 
 
 def make_strategy(
@@ -359,6 +362,23 @@ def series(cluster: sim_cluster.SimCluster, *, metric: str) -> dict[str, list[fl
     }
 
 
+def learned_on(trace: traces.Trace, *, policy: policy_model.ScalePolicy,
+               profile: profiles.ReplicaProfile, dt: float = 0.1,
+               grace_s: float = sim_cluster.TERMINATION_GRACE_S,
+               dispatch: sim_cluster.Dispatch = "push") -> engine_types.Learned:
+    """What `scaler` learns running `trace` (served share, load of a request, start times,
+    return pattern): the state a model that ran on it before resumes, as the service
+    resumes its ConfigMap's record. Its pod starts are long past for the next run."""
+    start = initial_replicas_for(trace, policy=policy, profile=profile, dt=dt,
+                                 grace_s=grace_s, dispatch=dispatch)
+    strategy = scaler_strategy.ScalerStrategy(policy, start_epoch_s=trace.start_s)
+    run_strategy(strategy, trace=trace, profile=profile, pool=pool_for(policy, profile),
+                 policy=policy, initial_replicas=start, dt=dt, grace_s=grace_s,
+                 dispatch=dispatch)
+    return dataclasses.replace(engine_types.Learned.of(strategy.state),
+                               observed_until=float("-inf"))
+
+
 def initial_replicas(policy: policy_model.ScalePolicy, need: npt.NDArray[np.int64]) -> int:
     """A start from a per-window need (the rate estimate): what the first minute needs."""
     first = int(need[0]) if need.size else 0
@@ -378,6 +398,7 @@ def simulate(
     grace_s: float = sim_cluster.TERMINATION_GRACE_S,
     deletion_cost: bool = True,
     dispatch: sim_cluster.Dispatch = "push",
+    learned: engine_types.Learned | None = None,
 ) -> SimulationResult:
     """Run each named strategy on its own copy of the cluster; same trace, same start.
 
@@ -389,7 +410,9 @@ def simulate(
     `deletion_cost=False`: `scaler` writes no pod-deletion-cost (`--no-deletion-cost`).
     `dispatch`: how requests reach the replicas of every cluster (`--dispatch`), the
     oracle's searches, its start and its replay included, so it bounds the strategies on
-    their own cluster; feasibility is the same under both (`feasible`).
+    their own cluster; feasibility is the same under both (`feasible`). `learned`: what
+    `scaler` starts having learned (`learned_on`, a model that has run before); None:
+    nothing, as on a model's first run.
     """
     pool = pool_for(policy, profile)
     problem = oracle_problem(trace, policy=policy, profile=profile, dt=dt, grace_s=grace_s,
@@ -408,7 +431,7 @@ def simulate(
                                      grace_s=grace_s, dispatch=dispatch)
     context = context_for(policy=policy, profile=profile, trace=trace, pool=pool,
                           initial=start, dt=dt, plan=plan, grace_s=grace_s,
-                          deletion_cost=deletion_cost, dispatch=dispatch)
+                          deletion_cost=deletion_cost, dispatch=dispatch, learned=learned)
     results: dict[str, StrategyResult] = {}
     for name in names:
         strategy = strategies.make(name, context)

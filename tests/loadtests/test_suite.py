@@ -14,10 +14,14 @@ from typing import Any
 import pytest
 
 from loadtests import scenarios, suite
-from scaler.sim import profiles
+from scaler.engine import types
+from scaler.policy import loader
+from scaler.sim import profiles, run, strategies
+from scaler.sim.strategies import scaler as scaler_strategy
 
 # The keys of a default (one-seed) run's summary.json, which docs and other tools read.
-DOCUMENT_KEYS = ["policy", "strategies", "workers", "quick", "scenarios", "skipped", "wall_s"]
+DOCUMENT_KEYS = ["policy", "strategies", "workers", "quick", "warm", "scenarios", "skipped",
+                 "wall_s"]
 ENTRY_KEYS = ["description", "source", "path", "requests", "duration_s", "windows",
               "rise_windows", "job_seconds", "strategies", "missed"]
 
@@ -55,6 +59,7 @@ def test_quick_suite_writes_a_summary_and_a_page(default_run: Run) -> None:
     assert set(document["scenarios"]) == set(scenarios.QUICK)
     assert document["strategies"] == list(suite.QUICK_STRATEGIES)
     assert document["workers"] == 2 and document["wall_s"] > 0
+    assert document["warm"] is False
     for name, entry in document["scenarios"].items():
         assert list(entry["strategies"]) == list(suite.QUICK_STRATEGIES), name
         for summary in entry["strategies"].values():
@@ -241,3 +246,30 @@ def test_headroom_variants_are_named_and_checked() -> None:
     for bad in ("replicas=0", "replicas=1.5", "fraction=0", "fraction=x", "spare=1"):
         with pytest.raises(argparse.ArgumentTypeError, match="--headroom"):
             suite.headroom_variant(bad)
+
+
+def test_a_warm_run_starts_the_scaler_from_what_it_learned_on_the_load_before(
+        tmp_path: Path) -> None:
+    # The quick step (2 -> 12 req/s) drawn with another seed is the load "before": the
+    # scaler learns the load of a request there, and the measured run starts from it.
+    item = suite.scenario_items(tmp_path, quick=True, warm=True)[0]
+    assert item.name == "step" and item.warm_path == tmp_path / "traces" / "step-before.csv"
+    before, now = item.load_before(), item.load()
+    assert before.requests != now.requests or not (before.arrival_s == now.arrival_s).all()
+    policy = loader.load_paths([suite.DEFAULT_POLICY]).policies[0]
+    profile = profiles.load_profile(policy.spec.profile or "llama-3.1-8b-h100")
+    learned = run.learned_on(before, policy=policy, profile=profile)
+    assert learned.load_samples > 0 and learned.replicas_per_request_rate is not None
+    assert learned.observed_until == float("-inf")  # its pod starts are long past
+    context = run.context_for(policy=policy, profile=profile, trace=now,
+                              pool=run.pool_for(policy, profile), learned=learned)
+    scaler = strategies.make("scaler", context)
+    assert isinstance(scaler, scaler_strategy.ScalerStrategy)
+    assert types.Learned.of(scaler.state) == learned
+    assert strategies.make("scaler", dataclasses.replace(context, learned=None)).state == (
+        types.EngineState())
+    # The suite says so, and writes the load before beside each trace.
+    warm = run_suite(tmp_path / "suite", "--warm", "--strategies", "scaler")
+    assert warm.document()["warm"] is True
+    assert sorted(p.name for p in (tmp_path / "suite" / "traces").iterdir()) == sorted(
+        f"{name}{suffix}.csv" for name in scenarios.QUICK for suffix in ("", "-before"))

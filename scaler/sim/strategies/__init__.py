@@ -9,6 +9,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from scaler.engine import types as engine_types
 from scaler.policy import model as policy_model
 from scaler.sim import cluster as sim_cluster
 from scaler.sim import profiles, traces
@@ -41,6 +42,9 @@ class Context:
     planner: Callable[[], oracle.Plan]
     _plan: oracle.Plan | None = field(default=None, repr=False)
     deletion_cost: bool = True
+    # What `scaler` starts having learned (`run.learned_on`: a model that has run before);
+    # None: nothing, a model's first run.
+    learned: engine_types.Learned | None = None
 
     def plan(self) -> oracle.Plan:
         if self._plan is None:
@@ -68,8 +72,9 @@ def _oracle_rate(context: Context) -> Strategy:
 
 # One place that maps a strategy's name (CLI, JSON keys) to its constructor.
 REGISTRY: dict[str, Callable[[Context], Strategy]] = {
-    "scaler": lambda c: scaler.ScalerStrategy(c.policy, start_epoch_s=c.trace.start_s,
-                                              deletion_cost=c.deletion_cost),
+    "scaler": lambda c: scaler.ScalerStrategy(
+        c.policy, start_epoch_s=c.trace.start_s, deletion_cost=c.deletion_cost,
+        state=engine_types.EngineState() if c.learned is None else c.learned.state()),
     "hpa": lambda c: hpa.Hpa(c.policy),
     "keda": lambda c: keda.Keda(c.policy),
     "kpa": lambda c: kpa.Kpa(c.policy),
