@@ -27,6 +27,7 @@ from scaler import emulator as kube_emulator
 from scaler.actuators import base as actuators
 from scaler.actuators import settings as kube_settings
 from scaler.core import backoff as core_backoff
+from scaler.emulator import Fault
 from scaler.engine import types
 from scaler.service import learned as service_learned
 from scaler.service import runner, settings, tls
@@ -450,3 +451,36 @@ async def test_a_new_instance_resumes_what_the_last_one_learned(
     status = third.state.status(KEY)
     assert status is not None and status.last is not None
     assert status.last.decision.desired == 15
+
+
+async def test_the_learned_state_outlives_a_forbidden_read_and_failing_writes(
+    service_settings: settings.Settings, emulator: kube_emulator.KubeEmulator,
+    nats_url: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # At start the ConfigMap cannot be read (RBAC not granted yet): the service starts all
+    # the same, says what to grant, and every model learns anew.
+    configmap = f"/configmaps/{LEARNED_CONFIGMAP[1]}$"
+    emulator.inject(Fault(verb="get", path=configmap, status=403, times=1))
+    # Its first writes fail past the client's retries (5 attempts of a 500 each time).
+    emulator.inject(Fault(verb="create", path="/configmaps$", status=500, times=5))
+    kube = service_settings.kube.model_copy(update={
+        "learned_state": kube_settings.LearnedStateSettings(write_seconds=0.2)})
+    service = runner.Service(service_settings.model_copy(update={"kube": kube}))
+    try:
+        await service.start()
+        await eventually(lambda: service.state.ready and bool(service.state.leader),
+                         what="ready and leading")
+        await asyncio.wait_for(service.wait_sources_ready(), timeout=10)
+        assert any("cannot read ConfigMap scaler/scaler-leader-learned" in r.getMessage()
+                   and "grant configmaps get, create and update" in r.getMessage()
+                   for r in caplog.records)
+        await publish(nats_url, burst(sources=30, in_flight=5.0))
+        await eventually(lambda: replicas(emulator) == 15, what="scaled to 15")
+        # A failed write is counted and tried again the next period; scaling went on.
+        await eventually(lambda: service.state.learned_writes["failed"] >= 1,
+                         what="a failed write counted")
+        await eventually(lambda: service.state.learned_writes["written"] >= 1,
+                         what="written once the API answers")
+        assert learned_record(emulator)["v"] == 1
+    finally:
+        await service.stop()
