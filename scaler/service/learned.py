@@ -70,16 +70,26 @@ def model_key(key: str) -> str:
     return key.replace(".", "/", 1)
 
 
+_FINGERPRINTS: dict[str, tuple[model.ScalePolicy, str]] = {}
+"""policy key -> (the policy object, its fingerprint): a write fingerprints every model a
+minute (11 us each), and a policy object changes only when its file does."""
+
+
 def fingerprint(policy: model.ScalePolicy) -> str:
     """What the learned values are relative to: the target, the signals (the capacity
     model), the resources (GPUs a replica) and the replica profile."""
+    cached = _FINGERPRINTS.get(policy.key)
+    if cached is not None and cached[0] is policy:
+        return cached[1]
     spec = policy.spec
     parts = {"target": spec.target.model_dump(mode="json", by_alias=True),
              "signals": spec.signals.model_dump(mode="json", by_alias=True),
              "resources": spec.resources.model_dump(mode="json", by_alias=True),
              "profile": spec.profile}
     text = json.dumps(parts, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    _FINGERPRINTS[policy.key] = (policy, digest)
+    return digest
 
 
 # Record field -> (Learned attribute, kind, low, high). Kinds: "optional" a number that

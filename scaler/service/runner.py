@@ -27,7 +27,7 @@ from scaler.actuators import policy_resources as kube_policies
 from scaler.actuators import resources as kube_resources
 from scaler.actuators import settings as kube_settings
 from scaler.core import vocabulary
-from scaler.engine import spare
+from scaler.engine import spare, types
 from scaler.policy import model
 from scaler.service import audit as audit_log
 from scaler.service import (
@@ -193,8 +193,9 @@ class Service:
         self._cert_dir: Path | None = None
         self._audit: audit_log.AuditLog | None = None
         self._stopped = False
-        # The learned state's last write (its records at `at` 0) and when it was made.
-        self._learned_written: dict[str, str] | None = None
+        # The learned state's last write (what was learned, the records carried over) and
+        # when it was made.
+        self._learned_written: tuple[dict[str, types.Learned], dict[str, str]] | None = None
         self._learned_written_at = float("-inf")
         self.gpu_telemetry: prometheus.GpuTelemetryPoller | None = None
 
@@ -466,12 +467,12 @@ class Service:
             return
         policies = {item.policy.key: item.policy
                     for item in self.watcher.current.policies.values()}
-        learned = self.reactor.learned()
+        learned = {key: values for key, values in self.reactor.learned().items()
+                   if key in policies}
         resume = self.reactor.resume
         pending = dict(resume.records) if resume is not None else {}
         now = self.wall_clock()
-        # The same records written at another time differ only in `at`.
-        content, _ = service_learned.payload(learned, policies, at=0.0, pending=pending)
+        content = (learned, pending)
         if (not force and content == self._learned_written
                 and now - self._learned_written_at < service_learned.REFRESH_S):
             return
