@@ -363,6 +363,11 @@ class Learned:
         """A first engine state that starts from what was learned (empty windows)."""
         return EngineState(**{theirs: getattr(self, mine) for mine, theirs in _LEARNED_IN_STATE})
 
+    def onto(self, state: EngineState) -> EngineState:
+        """`state` with what was learned replaced by this, its windows kept."""
+        return dataclasses.replace(
+            state, **{theirs: getattr(self, mine) for mine, theirs in _LEARNED_IN_STATE})
+
 
 # Each Learned field and the EngineState field it is (the same name but for three).
 _LEARNED_IN_STATE = tuple(

@@ -142,7 +142,8 @@ class Reactor:
         self.evaluations = 0
         self._policies: dict[str, model.ScalePolicy] = {}
         self._engine: dict[str, types.EngineState] = {}
-        # What an earlier instance learned, taken as each model is first evaluated.
+        # What an earlier instance learned, taken as each model is next evaluated (at start:
+        # its first evaluation; on taking over in a queue group: onto its windows).
         self.resume: service_learned.Resume | None = None
         self._limit = asyncio.Semaphore(max_concurrent)
         self._models = Coalescer(self._evaluate_with_retries, delay_s=coalesce_s,
@@ -222,8 +223,10 @@ class Reactor:
         cluster = self.arbiter.capped(policy, cluster, now=now)
         spec = policy.spec
         engine_state = self._engine.get(key)
-        if engine_state is None:
-            engine_state = self._first_state(policy, now=now)
+        if self.resume is not None and key in self.resume.records:
+            engine_state = self._resumed(self.resume, policy, engine_state, now=now)
+        elif engine_state is None:
+            engine_state = _FIRST_STATE
         try:
             snapshot = self.store.snapshot(key, now=now, stale_after_s=spec.stale_after_seconds,
                                            latency_metric=spec.latency_metric)
@@ -280,14 +283,16 @@ class Reactor:
                 self.audit.write(document)
         return outcome
 
-    def _first_state(self, policy: model.ScalePolicy, *, now: float) -> types.EngineState:
-        """A model's first engine state: what an earlier instance learned of it, when that
-        was kept and still holds (`resume`), else an empty one."""
-        resumed = self.resume.take(policy, now=now) if self.resume is not None else None
+    def _resumed(self, resume: service_learned.Resume, policy: model.ScalePolicy,
+                 state: types.EngineState | None, *, now: float) -> types.EngineState:
+        """The model's engine state with what the record in `resume` holds: a first state
+        that starts from it, or (a record read on taking over) the model's windows with
+        it. A record refused (logged and counted) leaves the state as it was."""
+        resumed = resume.take(policy, now=now)
         if resumed is None:
-            return _FIRST_STATE
+            return _FIRST_STATE if state is None else state
         learned, written_at = resumed
-        state = learned.state()
+        state = learned.state() if state is None else learned.onto(state)
         # Kept at once: a decision that is not applied must not lose it.
         self._engine[policy.key] = state
         self.state.record_resumed(policy.key, written_at)

@@ -193,6 +193,7 @@ class Service:
         self._cert_dir: Path | None = None
         self._audit: audit_log.AuditLog | None = None
         self._stopped = False
+        self._takeover: asyncio.Task[None] | None = None
         # The learned state's last write (what was learned, the records carried over) and
         # when it was made.
         self._learned_written: tuple[dict[str, types.Learned], dict[str, str]] | None = None
@@ -397,7 +398,11 @@ class Service:
             was = self.state.leader
             leading = await leader.try_acquire_or_renew()
             self.state.set_leader(leading)
-            if leading and not was:
+            store = self._takeover_store()
+            if leading and was is False and store is not None:
+                self._takeover = asyncio.create_task(self._take_over_learned(store),
+                                                     name="learned-takeover")
+            elif leading and not was:
                 self.reactor.notify_all()
             await asyncio.sleep(leader.settings.retry_period_s)
 
@@ -453,6 +458,19 @@ class Service:
             counts=self.state.learned_records)
         log.info("learned state: %d records in ConfigMap %s/%s", len(data), store.namespace,
                  store.name)
+
+    def _takeover_store(self) -> kube_configmap.ConfigMapStore | None:
+        """Where a follower taking over reads the leader's last record: only in a queue
+        group, where it saw a share of the signals, so it resumes the leader's record
+        rather than what it learned from that share (one that received every signal has
+        learned as much as the leader, and later)."""
+        if self.backend is None or self.settings.nats.queue_group is None:
+            return None
+        return self.backend.learned
+
+    async def _take_over_learned(self, store: kube_configmap.ConfigMapStore) -> None:
+        await self._resume_learned(store)
+        self.reactor.notify_all()
 
     async def _keep_learned(self, store: kube_configmap.ConfigMapStore) -> None:
         """The leader writes the learned state every `write_seconds` when it changed (and
@@ -513,6 +531,9 @@ class Service:
         if hasattr(self, "reactor"):
             await self.reactor.drain(timeout_s=self.drain_timeout_s)
         await stop("learned-state")
+        if self._takeover is not None:
+            self._takeover.cancel()
+            await asyncio.gather(self._takeover, return_exceptions=True)
         if self.backend is not None and self.backend.learned is not None and hasattr(
                 self, "watcher"):
             # The last minute's learning, while still leader (bounded: a dead API server

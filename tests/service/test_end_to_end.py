@@ -484,3 +484,45 @@ async def test_the_learned_state_outlives_a_forbidden_read_and_failing_writes(
         assert learned_record(emulator)["v"] == 1
     finally:
         await service.stop()
+
+
+async def test_a_follower_in_a_queue_group_takes_over_with_the_leaders_record(
+    service_settings: settings.Settings, emulator: kube_emulator.KubeEmulator,
+    nats_url: str,
+) -> None:
+    # In a queue group each replica receives a share of the signals, so a follower's own
+    # learning is partial: on taking over it resumes the leader's last record instead.
+    def configured(retry_period_s: float) -> settings.Settings:
+        kube = service_settings.kube.model_copy(update={
+            "lease": service_settings.kube.lease.model_copy(
+                update={"retry_period_s": retry_period_s})})
+        nats = service_settings.nats.model_copy(update={"queue_group": "scalers"})
+        return service_settings.model_copy(update={"kube": kube, "nats": nats})
+
+    leader, follower = runner.Service(configured(0.2)), runner.Service(configured(1.0))
+    try:
+        await leader.start()
+        await eventually(lambda: bool(leader.state.leader), what="first leads")
+        await follower.start()
+        await eventually(lambda: follower.state.leader is False, what="second follows")
+        for each in (leader, follower):
+            await asyncio.wait_for(each.wait_sources_ready(), timeout=10)
+        # Each instance receives a share of the 30 sources' reports: the leader scales up
+        # on what it sees.
+        await publish(nats_url, burst(sources=30, in_flight=5.0))
+        await eventually(lambda: replicas(emulator) > 2, what="scaled up")
+        await eventually(lambda: KEY in follower.reactor.learned(), what="follower evaluated")
+        scaled = replicas(emulator)
+        await leader.stop()  # writes its record, releases the Lease
+        # Nothing else runs before this edit (one event loop): the record the follower
+        # reads on taking over says 42 s, which neither instance learned itself.
+        edit_learned_record(emulator, podStartSeconds=42.0)
+        await eventually(lambda: bool(follower.state.leader), what="follower takes over")
+        await eventually(lambda: follower.reactor.learned()[KEY].pod_start_s == 42.0,
+                         what="the leader's record resumed onto the follower's state")
+        status = follower.state.status(KEY)
+        assert status is not None and status.resumed_at is not None
+        assert replicas(emulator) >= scaled  # no scale-down on taking over
+    finally:
+        await follower.stop()
+        await leader.stop()

@@ -195,3 +195,15 @@ def test_data_keys_are_configmap_keys_and_name_the_model_again() -> None:
     key = "inference/llama-3.1-8b"
     assert learned.data_key(key) == "inference.llama-3.1-8b"
     assert learned.model_key(learned.data_key(key)) == key
+
+
+def test_a_record_taken_onto_a_running_state_keeps_its_windows() -> None:
+    # A follower in a queue group taking over: its windows are its own, what was learned
+    # is the leader's.
+    sim = Sim(POLICY, current=2)
+    for t in range(0, 20, 2):
+        sim.step(t, _calm(), ready=2)
+    state = LEARNED.onto(sim.state)
+    assert types.Learned.of(state) == LEARNED
+    assert state.recommendations == sim.state.recommendations != ()
+    assert state.last_desired == sim.state.last_desired
