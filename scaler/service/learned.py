@@ -48,6 +48,11 @@ POLICY_CHANGED = "policy_changed"
 MALFORMED = "malformed"
 IMPLAUSIBLE = "implausible"
 OMITTED = "omitted"
+RECORD_OUTCOMES = (RESUMED, STALE, POLICY_CHANGED, MALFORMED, IMPLAUSIBLE, OMITTED)
+# The leader's writes (scaler_learned_state_writes{outcome}).
+WRITTEN = "written"
+FAILED = "failed"
+WRITE_OUTCOMES = (WRITTEN, FAILED)
 
 _KEY = re.compile(r"[-._a-zA-Z0-9]+")
 

@@ -498,11 +498,11 @@ class Service:
         try:
             await store.write(data)
         except Exception as error:  # counted and logged; the next period tries again
-            self.state.learned_writes["failed"] += 1
+            self.state.learned_writes[service_learned.FAILED] += 1
             log.warning("learned state: cannot write ConfigMap %s/%s: %s%s", store.namespace,
                         store.name, error, _LEARNED_GRANT if _forbidden(error) else "")
             return
-        self.state.learned_writes["written"] += 1
+        self.state.learned_writes[service_learned.WRITTEN] += 1
         if omitted:
             self.state.learned_records[service_learned.OMITTED] += omitted
             log.warning("learned state: %d models left out of ConfigMap %s/%s (over %d "

@@ -25,7 +25,7 @@ from scaler.actuators import base as actuators
 from scaler.core import backoff as core_backoff
 from scaler.engine import types
 from scaler.policy import loader
-from scaler.service import runner, settings
+from scaler.service import learned, runner, settings
 from scaler.signals import messages
 from scaler.testing import nats_server
 from tests.service import fakes
@@ -384,6 +384,8 @@ CLOSED_LABELS: dict[str, frozenset[str]] = {
     "reason@scaler_dropped_messages_total": frozenset(messages.DropReason),
     "reason@scaler_signals_refused_total": frozenset(messages.DropReason),
     "result": frozenset({"ok", "invalid"}),
+    "outcome@scaler_learned_state_writes_total": frozenset(learned.WRITE_OUTCOMES),
+    "outcome@scaler_learned_state_records_total": frozenset(learned.RECORD_OUTCOMES),
 }
 
 
