@@ -443,14 +443,18 @@ class Service:
                 await writer.write(namespace=None, name=str(meta.get("name")), status=body,
                                    kind=kind)
 
-    async def _resume_learned(self, store: kube_configmap.ConfigMapStore) -> None:
-        """Read what an earlier instance learned (`kube.learned_state`); each model takes
-        its record when first evaluated. A failed read is logged: models learn anew."""
+    async def _resume_learned(self, store: kube_configmap.ConfigMapStore, *,
+                              taking_over: bool = False) -> None:
+        """Read what an earlier instance (or, `taking_over`, the last leader) learned
+        (`kube.learned_state`); each model takes its record at its next evaluation. A
+        failed read is logged: models go on with what they learned here, or learn anew."""
         try:
             data = await store.read()
         except Exception as error:  # the API down at start must not stop the service
-            log.warning("learned state: cannot read ConfigMap %s/%s: %s; every model "
-                        "learns anew%s", store.namespace, store.name, error,
+            log.warning("learned state: cannot read ConfigMap %s/%s: %s; %s%s",
+                        store.namespace, store.name, error,
+                        "models keep what they learned here" if taking_over
+                        else "every model learns anew",
                         _LEARNED_GRANT if _forbidden(error) else "")
             data = {}
         self.reactor.resume = service_learned.Resume(
@@ -469,7 +473,7 @@ class Service:
         return self.backend.learned
 
     async def _take_over_learned(self, store: kube_configmap.ConfigMapStore) -> None:
-        await self._resume_learned(store)
+        await self._resume_learned(store, taking_over=True)
         self.reactor.notify_all()
 
     async def _keep_learned(self, store: kube_configmap.ConfigMapStore) -> None:
