@@ -145,6 +145,9 @@ class Reactor:
         # What an earlier instance learned, taken as each model is next evaluated (at start:
         # its first evaluation; on taking over in a queue group: onto its windows).
         self.resume: service_learned.Resume | None = None
+        # Models whose down window starts again at their current count at their next
+        # evaluation (`take_over_from_a_share`).
+        self._reseed: set[str] = set()
         self._limit = asyncio.Semaphore(max_concurrent)
         self._models = Coalescer(self._evaluate_with_retries, delay_s=coalesce_s,
                                  task_prefix="evaluate")
@@ -227,6 +230,11 @@ class Reactor:
             engine_state = self._resumed(self.resume, policy, engine_state, now=now)
         elif engine_state is None:
             engine_state = _FIRST_STATE
+        if key in self._reseed and engine_state.last_desired is not None:
+            # Its windows were built from a share of the signals: the down window starts
+            # at the current count, as after a restart (`decide.stabilize_count`).
+            engine_state = dataclasses.replace(engine_state, last_desired=None)
+        self._reseed.discard(key)
         try:
             snapshot = self.store.snapshot(key, now=now, stale_after_s=spec.stale_after_seconds,
                                            latency_metric=spec.latency_metric)
@@ -297,6 +305,14 @@ class Reactor:
         self._engine[policy.key] = state
         self.state.record_resumed(policy.key, written_at)
         return state
+
+    def take_over_from_a_share(self) -> None:
+        """This instance leads now, having received only a share of the signals (a NATS
+        queue group): its windows hold recommendations from partial data, lower than the
+        leader's, so each model's down window starts again at its current count, as after
+        a restart: taking over never scales down before a full window of its own."""
+        self._reseed = set(self._engine)
+        self.notify_all()
 
     def learned(self) -> dict[str, types.Learned]:
         """What the engine has learned of every model it evaluated (for `learned.payload`)."""

@@ -398,10 +398,9 @@ class Service:
             was = self.state.leader
             leading = await leader.try_acquire_or_renew()
             self.state.set_leader(leading)
-            store = self._takeover_store()
-            if leading and was is False and store is not None:
-                self._takeover = asyncio.create_task(self._take_over_learned(store),
-                                                     name="learned-takeover")
+            if leading and was is False and self.settings.nats.queue_group is not None:
+                self._takeover = asyncio.create_task(self._take_over_from_a_share(),
+                                                     name="take-over")
             elif leading and not was:
                 self.reactor.notify_all()
             await asyncio.sleep(leader.settings.retry_period_s)
@@ -463,18 +462,14 @@ class Service:
         log.info("learned state: %d records in ConfigMap %s/%s", len(data), store.namespace,
                  store.name)
 
-    def _takeover_store(self) -> kube_configmap.ConfigMapStore | None:
-        """Where a follower taking over reads the leader's last record: only in a queue
-        group, where it saw a share of the signals, so it resumes the leader's record
-        rather than what it learned from that share (one that received every signal has
-        learned as much as the leader, and later)."""
-        if self.backend is None or self.settings.nats.queue_group is None:
-            return None
-        return self.backend.learned
-
-    async def _take_over_learned(self, store: kube_configmap.ConfigMapStore) -> None:
-        await self._resume_learned(store, taking_over=True)
-        self.reactor.notify_all()
+    async def _take_over_from_a_share(self) -> None:
+        """A follower in a NATS queue group received a share of the signals, so on taking
+        over it resumes the leader's last learned record rather than what it learned from
+        that share, and its down windows start at the current counts (one that received
+        every signal has learned and decided as the leader did: it goes on as it is)."""
+        if self.backend is not None and self.backend.learned is not None:
+            await self._resume_learned(self.backend.learned, taking_over=True)
+        self.reactor.take_over_from_a_share()
 
     async def _keep_learned(self, store: kube_configmap.ConfigMapStore) -> None:
         """The leader writes the learned state every `write_seconds` when it changed (and

@@ -515,14 +515,21 @@ async def test_a_follower_in_a_queue_group_takes_over_with_the_leaders_record(
         scaled = replicas(emulator)
         await leader.stop()  # writes its record, releases the Lease
         # Nothing else runs before this edit (one event loop): the record the follower
-        # reads on taking over says 42 s, which neither instance learned itself.
-        edit_learned_record(emulator, podStartSeconds=42.0)
+        # reads on taking over holds a served share neither instance learned (this policy
+        # has no tokens/s signal, so nothing here learns or changes one).
+        edit_learned_record(emulator, servedShare=0.6, servedSamples=7)
+        written_at = learned_record(emulator)["at"]
         await eventually(lambda: bool(follower.state.leader), what="follower takes over")
-        await eventually(lambda: follower.reactor.learned()[KEY].pod_start_s == 42.0,
-                         what="the leader's record resumed onto the follower's state")
-        status = follower.state.status(KEY)
-        assert status is not None and status.resumed_at is not None
-        assert replicas(emulator) >= scaled  # no scale-down on taking over
+        await eventually(lambda: (s := follower.state.status(KEY)) is not None
+                         and s.resumed_at == written_at, what="the leader's record resumed")
+        assert (follower.reactor.learned()[KEY].served_share,
+                follower.reactor.learned()[KEY].served_samples) == (0.6, 7)
+        # Its windows held what it saw of a share of the reports (fewer sources than the
+        # leader saw): taking over, its down window starts at the current count.
+        evaluations = follower.reactor.evaluations
+        await eventually(lambda: follower.reactor.evaluations >= evaluations + 3,
+                         what="several evaluations as leader")
+        assert replicas(emulator) >= scaled
     finally:
         await follower.stop()
         await leader.stop()

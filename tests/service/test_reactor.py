@@ -346,3 +346,30 @@ async def test_a_failed_evaluation_is_counted_holds_and_the_next_one_runs(
     finally:
         remove()
         await loop_reactor.drain(timeout_s=5.0)
+
+
+async def test_taking_over_from_a_share_of_the_signals_starts_the_down_window_again(
+    wiring: tuple[reactor.Reactor, store.SignalStore, service_state.ServiceState],
+    cluster: FakeCluster, clock: FakeClock,
+) -> None:
+    loop_reactor, signals, registry = wiring
+    for replica in range(50):
+        signals.put([sample(clock=clock, source=f"pod-{replica}", in_flight=4.0)])
+    await loop_reactor.idle()
+    assert cluster.current[KEY] == 20
+    # Past the down window, this instance sees 5 replicas' worth: a follower in a queue
+    # group that received a share of the reports. Taking over, it holds the count a
+    # window long, as a restarted one does...
+    clock.now += 400
+    loop_reactor.take_over_from_a_share()
+    signals.put([sample(clock=clock, source="pod-0", in_flight=50.0)])
+    await loop_reactor.idle()
+    status = registry.status(KEY)
+    assert status is not None and status.last is not None
+    assert cluster.current[KEY] == 20
+    assert any(c.name == "stabilization_down" for c in status.last.decision.clamps)
+    # ... and only that window: what it sees from then on decides.
+    clock.now += 400
+    signals.put([sample(clock=clock, source="pod-0", in_flight=50.0)])
+    await loop_reactor.idle()
+    assert cluster.current[KEY] < 20
