@@ -417,36 +417,38 @@ async def test_a_new_instance_resumes_what_the_last_one_learned(
     # The new pods became ready: their start times are learned from their timelines.
     await eventually(lambda: (first.reactor.learned().get(KEY) or types.Learned()
                               ).pod_start_s is not None, what="pod starts learned")
-    learned_start = first.reactor.learned()[KEY].pod_start_s
     await first.stop()  # the leader writes what it learned before releasing the Lease
     record = learned_record(emulator)
-    assert record["podStartSeconds"] == learned_start
+    assert record["podStartSeconds"] == first.reactor.learned()[KEY].pod_start_s
     policy = next(item.policy for item in first.watcher.current.policies.values())
     assert record["policy"] == service_learned.fingerprint(policy)
 
-    # As if the last instance had seen slow pulls: the next one starts from 42 s, before
-    # any pod of its own starts.
-    edit_learned_record(emulator, podStartSeconds=42.0)
+    # As if the last instance had seen its replicas saturate at 60 % of the tokens/s
+    # model: the next one starts from it (this policy has no tokens/s signal, so nothing
+    # here learns or changes a served share).
+    edit_learned_record(emulator, servedShare=0.6, servedSamples=7)
     second = await start_service()
     await publish(nats_url, burst(sources=30, in_flight=5.0))
     await eventually(lambda: KEY in second.reactor.learned(), what="evaluated")
-    assert second.reactor.learned()[KEY].pod_start_s == 42.0
+    resumed = second.reactor.learned()[KEY]
+    assert (resumed.served_share, resumed.served_samples) == (0.6, 7)
     assert (await learned_metrics(second, http)).get("resumed") == 1
     # `scaler explain` says what the model is decided from, and where it came from.
     assert second.http is not None
     assert await asyncio.to_thread(cli.main, ["explain", MODEL, "--url", second.http.url]) == 0
     explained = capsys.readouterr().out
     assert "Learned (resumed from a record written 20" in explained
-    assert "a pod starts in 42 s" in explained
+    assert "saturated replicas serve 60% of the tokens/s capacity model (7 samples)" in (
+        explained)
     await second.stop()
-    assert learned_record(emulator)["podStartSeconds"] == 42.0
+    assert learned_record(emulator)["servedShare"] == 0.6
 
     # A hostile edit is refused whole and counted; the model learns anew and still scales.
-    edit_learned_record(emulator, podStartSeconds=42.0, servedShare=1e308)
+    edit_learned_record(emulator, servedShare=1e308)
     third = await start_service()
     await publish(nats_url, burst(sources=30, in_flight=5.0))
     await eventually(lambda: KEY in third.reactor.learned(), what="evaluated")
-    assert third.reactor.learned()[KEY].pod_start_s != 42.0
+    assert third.reactor.learned()[KEY].served_share == 1.0
     assert (await learned_metrics(third, http)) == {"implausible": 1}
     status = third.state.status(KEY)
     assert status is not None and status.last is not None
