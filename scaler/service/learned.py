@@ -181,8 +181,9 @@ def decode(text: str, *, now: float, policy_fingerprint: str, max_age_s: float
 
 
 class Resume:
-    """The records read at start, taken one model at a time as each is first evaluated
-    (so an evaluation that starts before the read has ended is never seeded twice)."""
+    """The records read (at start, or on taking over in a queue group), taken one model at
+    a time as each is next evaluated, so a record is applied once, by the evaluation that
+    follows the read."""
 
     def __init__(self, data: Mapping[str, str], *, max_age_s: float,
                  counts: Counter[str] | None = None) -> None:
