@@ -234,7 +234,6 @@ class Reactor:
             # Its windows were built from a share of the signals: the down window starts
             # at the current count, as after a restart (`decide.stabilize_count`).
             engine_state = dataclasses.replace(engine_state, last_desired=None)
-        self._reseed.discard(key)
         try:
             snapshot = self.store.snapshot(key, now=now, stale_after_s=spec.stale_after_seconds,
                                            latency_metric=spec.latency_metric)
@@ -258,6 +257,7 @@ class Reactor:
             reason = "already at desired replicas"
         if outcome in _KEEP_STATE and self._policies.get(key) is policy:
             self._engine[key] = new_state
+            self._reseed.discard(key)  # its seeded window is kept (else seeded again)
         else:
             new_state = engine_state  # not applied: the model is decided from it again
         self.evaluations += 1
