@@ -74,8 +74,7 @@ class Restarting:
             if self.resume:
                 state = _resumed(types.Learned.of(self.inner.state), self.inner.policy,
                                  at=self.inner.start_epoch_s + now)
-            self.inner.state = state
-            self.inner.__post_init__()  # a new process: an empty signal store
+            self.inner.restart(state)
         return self.inner.decide(cluster, now=now)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from scaler.engine import types as engine_types
 from scaler.policy import model as policy_model
 from scaler.sim import cluster as sim_cluster
 from scaler.sim import feed, profiles, run
@@ -234,3 +235,23 @@ def test_scaler_strategy_feeds_the_engine_through_the_signal_store(
     assert state.free_replica_slots == 5
     desired = strategy.decide(sim, now=30.0)
     assert 1 <= desired <= policy_8b.spec.replicas.max
+
+
+def test_a_restarted_scaler_strategy_has_an_empty_store_and_the_state_it_is_given(
+    policy_8b: policy_model.ScalePolicy, profile_8b: profiles.ReplicaProfile
+) -> None:
+    # bench/restart.py's restart: a new process knows no sample until replicas report.
+    trace = synthetic_trace(rate=20.0, duration_s=60, input_tokens=1000, output_tokens=200)
+    sim = sim_cluster.SimCluster(trace=trace, profile=profile_8b,
+                                 pool=run.pool_for(policy_8b, profile_8b), initial_replicas=2)
+    strategy = scaler_strategy.ScalerStrategy(policy_8b, start_epoch_s=1_700_000_000.0)
+    for step in range(int(5 / sim.dt) + 1):
+        now = sim.time_of_step(step)
+        sim.advance(now)
+        strategy.decide(sim, now=now)
+        sim.run_step(now)
+    assert strategy.feed.snapshot(now=5.0, stale_after_s=30.0).in_flight is not None
+    resumed = engine_types.Learned(served_share=0.9, served_samples=3).state()
+    strategy.restart(resumed)
+    assert strategy.state is resumed
+    assert strategy.feed.snapshot(now=5.0, stale_after_s=30.0).in_flight is None

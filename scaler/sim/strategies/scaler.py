@@ -52,6 +52,12 @@ class ScalerStrategy:
             delay_s=self.report_delay_s,
             interval_s=self.period_s)
 
+    def restart(self, state: engine_types.EngineState) -> None:
+        """A new scaler process: an empty signal store (its replicas report again from
+        the next period) and the engine `state` it starts from."""
+        self.state = state
+        self.__post_init__()
+
     def snapshot(self, cluster: sim_cluster.SimCluster, *, now: float
                  ) -> engine_types.SignalSnapshot:
         """Publish and deliver due samples, then read the store as the service does."""
