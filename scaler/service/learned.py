@@ -141,6 +141,13 @@ def _number(name: str, value: Any) -> float:
 def decode(text: str, *, now: float, policy_fingerprint: str, max_age_s: float
            ) -> types.Learned:
     """A record back as `types.Learned`; raises Refused naming what is wrong."""
+    return _decoded(text, now=now, policy_fingerprint=policy_fingerprint,
+                    max_age_s=max_age_s)[0]
+
+
+def _decoded(text: str, *, now: float, policy_fingerprint: str, max_age_s: float
+             ) -> tuple[types.Learned, float]:
+    """`decode`, and when the record was written."""
     if len(text) > MAX_RECORD_BYTES:
         raise Refused(MALFORMED, f"{len(text)} bytes, more than {MAX_RECORD_BYTES}")
     try:
@@ -177,7 +184,7 @@ def decode(text: str, *, now: float, policy_fingerprint: str, max_age_s: float
     unknown = set(document) - {"v", "at", "policy", "observedUntil", *_FIELDS}
     if unknown:
         raise Refused(MALFORMED, f"unknown fields {sorted(unknown)}")
-    return types.Learned(**values)
+    return types.Learned(**values), at
 
 
 class Resume:
@@ -206,9 +213,9 @@ class Resume:
         if text is None:
             return None
         try:
-            learned = decode(text, now=now, policy_fingerprint=fingerprint(policy),
-                             max_age_s=self.max_age_s)
-            written_at = float(json.loads(text)["at"])  # checked by decode
+            learned, written_at = _decoded(text, now=now,
+                                           policy_fingerprint=fingerprint(policy),
+                                           max_age_s=self.max_age_s)
         except Refused as refused:
             self.counts[refused.reason] += 1
             log.warning("%s: learned state not resumed (%s): %s", policy.key, refused.reason,

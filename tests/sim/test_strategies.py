@@ -189,13 +189,20 @@ def test_oracle_need_follows_the_profile(profile_8b: profiles.ReplicaProfile) ->
     assert 4 <= need[2] <= 5
 
 
+def _chat_cluster_and_scaler(policy: policy_model.ScalePolicy, profile: profiles.ReplicaProfile
+                             ) -> tuple[sim_cluster.SimCluster, scaler_strategy.ScalerStrategy]:
+    """Two replicas serving 20 req/s of 1,000-token prompts and 200-token answers, and the
+    scaler strategy that watches them."""
+    trace = synthetic_trace(rate=20.0, duration_s=60, input_tokens=1000, output_tokens=200)
+    sim = sim_cluster.SimCluster(trace=trace, profile=profile,
+                                 pool=run.pool_for(policy, profile), initial_replicas=2)
+    return sim, scaler_strategy.ScalerStrategy(policy, start_epoch_s=1_700_000_000.0)
+
+
 def test_scaler_strategy_feeds_the_engine_through_the_signal_store(
     policy_8b: policy_model.ScalePolicy, profile_8b: profiles.ReplicaProfile
 ) -> None:
-    trace = synthetic_trace(rate=20.0, duration_s=60, input_tokens=1000, output_tokens=200)
-    sim = sim_cluster.SimCluster(trace=trace, profile=profile_8b,
-                                 pool=run.pool_for(policy_8b, profile_8b), initial_replicas=2)
-    strategy = scaler_strategy.ScalerStrategy(policy_8b, start_epoch_s=1_700_000_000.0)
+    sim, strategy = _chat_cluster_and_scaler(policy_8b, profile_8b)
     seen: dict[float, tuple[int, int]] = {}
     for step in range(int(30 / sim.dt) + 1):
         now = sim.time_of_step(step)
@@ -241,10 +248,7 @@ def test_a_restarted_scaler_strategy_has_an_empty_store_and_the_state_it_is_give
     policy_8b: policy_model.ScalePolicy, profile_8b: profiles.ReplicaProfile
 ) -> None:
     # bench/restart.py's restart: a new process knows no sample until replicas report.
-    trace = synthetic_trace(rate=20.0, duration_s=60, input_tokens=1000, output_tokens=200)
-    sim = sim_cluster.SimCluster(trace=trace, profile=profile_8b,
-                                 pool=run.pool_for(policy_8b, profile_8b), initial_replicas=2)
-    strategy = scaler_strategy.ScalerStrategy(policy_8b, start_epoch_s=1_700_000_000.0)
+    sim, strategy = _chat_cluster_and_scaler(policy_8b, profile_8b)
     for step in range(int(5 / sim.dt) + 1):
         now = sim.time_of_step(step)
         sim.advance(now)
