@@ -96,6 +96,14 @@ class Scenario:
         return np.maximum(self.rate(np.arange(int(math.ceil(self.duration_s)),
                                               dtype=np.float64)), 0.0)
 
+    def replay_rises(self) -> tuple[float, ...]:
+        """`rises` on the clock of the replayed trace, which starts at its first request:
+        a shape that opens with no load (a square wave off for its first 150 s) is
+        replayed from its first second with load, so every rise is that much earlier."""
+        loaded = np.flatnonzero(self.rates() > 0)
+        lead = float(loaded[0]) if loaded.size else 0.0
+        return tuple(t - lead for t in self.rises)
+
     def draw(self, *, seed: int) -> tuple[FloatArray, IntArray, IntArray]:
         """(arrival s, input tokens, output tokens), sorted by arrival."""
         rng = np.random.default_rng(seed)

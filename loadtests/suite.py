@@ -23,7 +23,7 @@ arrivals and a rate scale draws its copies' offsets), a trace whose loading take
 once; summary.json and the page then add each seed's cells and, per strategy, the mean
 and the worst seed, and the run ends with a table of them.
 
-`--holdout` replays the hold-out shapes (HOLDOUT) instead: fourteen loads the example
+`--holdout` replays the hold-out shapes (HOLDOUT) instead: twenty-four loads the example
 policy was not tuned on, to check that what the suite shows is behaviour, not a fit.
 
 Shared traces are read from `../shared/traces` beside the repository (or
@@ -112,6 +112,26 @@ HOLDOUT: dict[str, tuple[str, dict[str, float]]] = {
                                "duration": 3600.0}),
     "bimodal-day": ("bimodal", {"rate": 15.0, "wobble": 0.8, "period": 3600.0,
                                 "duration": 3600.0}),
+    # Added in the thirteenth session, drawn before any change was tried on them: a 5x
+    # flash crowd climbing for a minute and decaying for five, a square wave between two
+    # non-zero levels, a ramp from 2 req/s, steep for its level at the start, a 5x step,
+    # a 90-minute day, an 8k-token prompt mix, 800-token answers at 10 req/s, half
+    # 6k-token prompts at 10 req/s, bursts from nothing at 15 req/s, and a staircase
+    # doubling at each step.
+    "flash-slow": ("flash", {"base": 20.0, "peak": 100.0, "at": 600.0, "rise": 60.0,
+                             "decay": 300.0, "duration": 1800.0}),
+    "square-mid": ("square", {"low": 10.0, "high": 50.0, "period": 480.0, "cycles": 4.0}),
+    "ramp-steep": ("ramp", {"low": 2.0, "high": 90.0, "duration": 1200.0, "hold": 300.0}),
+    "step-5x": ("step", {"low": 6.0, "high": 30.0, "at": 600.0, "hold": 900.0,
+                         "after": 300.0}),
+    "daily-90m": ("daily", {"trough": 1.0, "peak": 30.0, "day": 5400.0,
+                            "duration": 5400.0}),
+    "lc-8k": ("long-context", {"rate": 12.0, "share": 0.3, "long_input": 8000.0,
+                               "duration": 1800.0}),
+    "lo-800": ("long-output", {"rate": 10.0, "output_mean": 800.0, "duration": 1800.0}),
+    "bimodal-10": ("bimodal", {"rate": 10.0, "duration": 1800.0}),
+    "square-zero": ("square", {"low": 0.0, "high": 15.0, "period": 600.0, "cycles": 3.0}),
+    "stairs-2x": ("stairs", {"low": 5.0, "factor": 2.0, "steps": 3.0, "hold": 300.0}),
 }
 HOLDOUT_SEED = 11
 # `--warm`: the load a model ran before is the same shape drawn with seed + this (or a
@@ -199,7 +219,8 @@ def _shape_items(out: Path, shapes: dict[str, tuple[str, dict[str, float]]], *,
             if warm:
                 warm_path = path.with_name(f"{path.stem}-before.csv")
                 shape.write(warm_path, seed=seed + WARM_SEED_OFFSET)
-            item = Item(label, shape.description, path, "scenario", rises=shape.rises,
+            item = Item(label, shape.description, path, "scenario",
+                        rises=shape.replay_rises(),
                         seed=seed, warm_path=warm_path)
             if grace_s and label in grace_s:
                 item = replace(item, grace_s=grace_s[label])

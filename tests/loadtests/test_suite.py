@@ -171,9 +171,15 @@ def test_the_holdout_set_is_its_own_shapes_with_their_grace_periods(tmp_path: Pa
         assert item.path.exists() and item.seed == suite.HOLDOUT_SEED
         assert item.load().requests > 0
         shape = suite.HOLDOUT[item.name][0]
-        assert item.rises == scenarios.scenario(shape, **suite.HOLDOUT[item.name][1]).rises
+        assert item.rises == scenarios.scenario(
+            shape, **suite.HOLDOUT[item.name][1]).replay_rises()
     grace = {i.name: i.grace_s for i in items}
     assert grace["lo-huge"] == 600.0 and grace["step-big"] == 30.0
+    # The fast square wave opens off (its first 90 s): replayed from its first request,
+    # its first rise is at 0 s of the replay, not at 90 s of the shape.
+    square_fast = next(i for i in items if i.name == "square-fast")
+    assert square_fast.rises[0] == 0.0
+    assert scenarios.scenario("square", **suite.HOLDOUT["square-fast"][1]).rises[0] == 90.0
 
 
 def test_a_climbs_rise_windows_reach_one_pod_start_past_its_end(tmp_path: Path) -> None:
@@ -189,11 +195,17 @@ def test_a_climbs_rise_windows_reach_one_pod_start_past_its_end(tmp_path: Path) 
         path = tmp_path / f"{shape.name}.csv"
         shape.write(path, seed=1)
         item = suite.Item(shape.name, shape.description, path, "scenario",
-                          rises=shape.rises)
+                          rises=shape.replay_rises())
         return suite.rise_windows(item, item.load(), profile)
 
     assert windows(flash) == {5, 6, 7}
     assert windows(step) == {5, 6}
+    # A square wave off for its first 150 s: the replay starts at its first request, so
+    # its rises at 150, 750 and 1,350 s of the shape are at 0, 600 and 1,200 s of the
+    # replay.
+    square = scenarios.scenario("square", low=0.0, high=15.0, period=600.0, cycles=3.0)
+    assert square.rises == (150.0, 750.0, 1350.0)
+    assert windows(square) == {0, 1, 10, 11, 20, 21}
 
 
 def test_jobs_keep_the_oracle_plan_sharers_together() -> None:
