@@ -553,10 +553,19 @@ def limit_backlog(draft: Draft) -> str:
     overloaded, the count may go past what exists or fits on free GPUs only as far as the
     arrival rate needs (requests/s x the learned load of one), unless the backlog would
     outlast a node boot at the spare capacity's drain rate.
+    The spare capacity is at full speed: the load is sized at the tokens/s target
+    (`targetUtilization`, 0.8), but replicas working off a backlog run flat out (their
+    tokens/s reads the same: a backlog reading, BACKLOG_READINGS), so 8 replicas carry
+    8 / 0.8 = 10 replicas of load while they drain. Counted at the target, the spare
+    left out that quarter: at a 5x flash crowd's peak (8.5 replicas of load on 9 to 10)
+    it read 418 and 362 s of draining for 1,045 and 2,719 waiting, past a node boot (345
+    s), and 3 replicas waited for a node until the crowd had gone (0.29 of the run's 2.56
+    GPU-h); the 8 on the free GPUs drained it within a minute of being ready.
     Example: 1 ready + 7 starting, no free GPU, 40 req/s x 0.127 = 5.1 replicas needed,
-    3,000 waiting: spare (8 - 5.1) replicas drain 3,000 / (2.9 / 0.127) = 131 s < 330 s
-    to boot a node, so capped at 8 rather than the 32 the backlog asks for. A step that
-    the replicas on hand cannot carry (need >= ready + starting) is never held back.
+    3,000 waiting: spare (8 / 0.8 - 5.1) replicas drain 3,000 / (4.9 / 0.127) = 78 s
+    (156 s with DRAIN_SAFETY) < 330 s to boot a node, so capped at 8 rather than the 32
+    the backlog asks for. A step the replicas on hand cannot carry even at full speed
+    (need >= (ready + starting) / target) is never held back.
     Without an arrival rate or a learned load, no cap.
     """
     spec, snapshot, cluster, state = draft.spec, draft.snapshot, draft.cluster, draft.state
@@ -571,7 +580,8 @@ def limit_backlog(draft: Draft) -> str:
         return "no backlog cap"
     need = rate.value * per_rate
     on_hand = cluster.ready + len(cluster.starting)
-    spare_rate = (on_hand - need) / per_rate          # requests/s beyond the arrivals
+    full_speed = on_hand / (spec.tokens.target_utilization if spec.tokens else 1.0)
+    spare_rate = (full_speed - need) / per_rate          # requests/s beyond the arrivals
     drain_s = DRAIN_SAFETY * waiting.value / spare_rate if spare_rate > 0 else math.inf
     if drain_s >= node_ready_s:
         return f"backlog outlasts a node boot ({node_ready_s:.0f} s): no cap"

@@ -569,8 +569,8 @@ def test_backlog_boots_no_node_that_would_arrive_after_it_drained() -> None:
     state = types.EngineState(replicas_per_request_rate=0.127, last_desired=8)
     now = MONDAY_0600_UTC
     # 1 ready, 7 starting, no free GPU; 3,000 waiting at 40 req/s: the 8 replicas on hand
-    # carry 40 x 0.127 = 5.1 and drain the rest in 2 x 3,000 / ((8 - 5.1) / 0.127) = 263 s,
-    # before a node (300 + 60 s) could help. The queue alone would ask for 375.
+    # carry 40 x 0.127 = 5.1 and drain the rest in 2 x 3,000 / ((8 / 0.8 - 5.1) / 0.127)
+    # = 156 s, before a node (300 + 60 s) could help. The queue alone would ask for 375.
     cluster = types.ClusterState(current=8, ready=1, starting=(now - 30,) * 7,
                                  free_replica_slots=0)
     decision, _ = engine_decide.decide(
@@ -584,6 +584,20 @@ def test_backlog_boots_no_node_that_would_arrive_after_it_drained() -> None:
         p, snapshot=load(rate=400, waiting=3000, prompt=50_000), cluster=cluster,
         state=state, now=now)
     assert big.desired > 8 and "backlog" not in [c.name for c in big.clamps]
+    # The spare drains at full speed: at 55 req/s the 8 on hand carry 6.99 replicas of
+    # load at the 0.8 target but 10 flat out, so 3,000 waiting drain in 2 x 3,000 /
+    # ((10 - 6.99) / 0.127) = 253 s, before a node. Counted at the target (8 - 6.99)
+    # it would read 755 s and boot one for replicas that come after the queue is gone.
+    peak, _ = engine_decide.decide(
+        p, snapshot=load(rate=55, waiting=3000, prompt=50_000), cluster=cluster,
+        state=state, now=now)
+    assert peak.desired == 8
+    assert [c.name for c in peak.clamps][:1] == ["backlog"]
+    # Past what they carry flat out (80 req/s x 0.127 = 10.2 > 10), a node is booted.
+    past, _ = engine_decide.decide(
+        p, snapshot=load(rate=80, waiting=3000, prompt=50_000), cluster=cluster,
+        state=state, now=now)
+    assert past.desired > 8 and "backlog" not in [c.name for c in past.clamps]
     # Without an arrival rate nothing is capped (no evidence of what the load is).
     blind, _ = engine_decide.decide(
         p, snapshot=dataclasses.replace(load(rate=40, waiting=3000, prompt=50_000),
