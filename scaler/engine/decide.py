@@ -560,12 +560,15 @@ def limit_backlog(draft: Draft) -> str:
     left out that quarter: at a 5x flash crowd's peak (8.5 replicas of load on 9 to 10)
     it read 418 and 362 s of draining for 1,045 and 2,719 waiting, past a node boot (345
     s), and 3 replicas waited for a node until the crowd had gone (0.29 of the run's 2.56
-    GPU-h); the 8 on the free GPUs drained it within a minute of being ready.
+    GPU-h); the 8 on the free GPUs drained it within a minute of being ready. Replicas
+    that fit on free GPUs count too: the cap lets the count fill them, and they are
+    ready a pod start from now, long before a node.
     Example: 1 ready + 7 starting, no free GPU, 40 req/s x 0.127 = 5.1 replicas needed,
     3,000 waiting: spare (8 / 0.8 - 5.1) replicas drain 3,000 / (4.9 / 0.127) = 78 s
     (156 s with DRAIN_SAFETY) < 330 s to boot a node, so capped at 8 rather than the 32
-    the backlog asks for. A step the replicas on hand cannot carry even at full speed
-    (need >= (ready + starting) / target) is never held back.
+    the backlog asks for. A step that the replicas on hand and those fitting on free GPUs
+    cannot carry even at full speed (need >= (ready + starting + free) / target) is never
+    held back.
     Without an arrival rate or a learned load, no cap.
     """
     spec, snapshot, cluster, state = draft.spec, draft.snapshot, draft.cluster, draft.state
@@ -580,7 +583,8 @@ def limit_backlog(draft: Draft) -> str:
         return "no backlog cap"
     need = rate.value * per_rate
     on_hand = cluster.ready + len(cluster.starting)
-    full_speed = on_hand / (spec.tokens.target_utilization if spec.tokens else 1.0)
+    full_speed = (on_hand + cluster.free_replica_slots) / (
+        spec.tokens.target_utilization if spec.tokens else 1.0)
     spare_rate = (full_speed - need) / per_rate          # requests/s beyond the arrivals
     drain_s = DRAIN_SAFETY * waiting.value / spare_rate if spare_rate > 0 else math.inf
     if drain_s >= node_ready_s:

@@ -593,6 +593,15 @@ def test_backlog_boots_no_node_that_would_arrive_after_it_drained() -> None:
         state=state, now=now)
     assert peak.desired == 8
     assert [c.name for c in peak.clamps][:1] == ["backlog"]
+    # Free GPUs count: 2 ready and room for 6 more on GPUs already free carry 5.1 at 40
+    # req/s and drain the rest flat out within a pod start of their own, so the count
+    # fills the free GPUs (8) and boots no node for the queue.
+    roomy = types.ClusterState(current=2, ready=2, free_replica_slots=6)
+    filled, _ = engine_decide.decide(
+        p, snapshot=load(rate=40, waiting=3000, prompt=50_000), cluster=roomy,
+        state=dataclasses.replace(state, last_desired=2), now=now)
+    assert filled.desired == 8
+    assert [c.name for c in filled.clamps][:1] == ["backlog"]
     # Past what they carry flat out (80 req/s x 0.127 = 10.2 > 10), a node is booted.
     past, _ = engine_decide.decide(
         p, snapshot=load(rate=80, waiting=3000, prompt=50_000), cluster=cluster,
