@@ -587,13 +587,15 @@ def limit_backlog(draft: Draft) -> str:
         spec.tokens.target_utilization if spec.tokens else 1.0)
     spare_rate = (full_speed - need) / per_rate          # requests/s beyond the arrivals
     drain_s = DRAIN_SAFETY * waiting.value / spare_rate if spare_rate > 0 else math.inf
+    spare = (f"{full_speed:.3g} replicas at full speed carry {need:.3g} of load at "
+             f"{rate.value:.3g} req/s")
     if drain_s >= node_ready_s:
-        return f"backlog outlasts a node boot ({node_ready_s:.0f} s): no cap"
+        return (f"{spare}: {waiting.value:g} waiting would outlast a node boot "
+                f"({node_ready_s:.0f} s): no cap")
     cap = max(cluster.current, on_hand + cluster.free_replica_slots,
               recommend.ceil_replicas(need))
-    detail = (f"{waiting.value:g} waiting drain in about {drain_s:.0f} s at "
-              f"{rate.value:.3g} req/s, before a node could boot ({node_ready_s:.0f} s): "
-              "no node for the backlog")
+    detail = (f"{spare}, so {waiting.value:g} waiting drain in about {drain_s:.0f} s, "
+              f"before a node could boot ({node_ready_s:.0f} s): no node for the backlog")
     if draft.count() > cap:
         draft.clamp(ClampName.BACKLOG, cap, detail)
     fc = draft.forecast
