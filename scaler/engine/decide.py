@@ -587,8 +587,9 @@ def limit_backlog(draft: Draft) -> str:
         spec.tokens.target_utilization if spec.tokens else 1.0)
     spare_rate = (full_speed - need) / per_rate          # requests/s beyond the arrivals
     drain_s = DRAIN_SAFETY * waiting.value / spare_rate if spare_rate > 0 else math.inf
-    spare = (f"{full_speed:.3g} replicas at full speed carry {need:.3g} of load at "
-             f"{rate.value:.3g} req/s")
+    spare = (f"{on_hand + cluster.free_replica_slots} replicas (ready, starting, on free "
+             f"GPUs) carry {full_speed:.3g} flat out; {rate.value:.3g} req/s need "
+             f"{need:.3g}")
     if drain_s >= node_ready_s:
         return (f"{spare}: {waiting.value:g} waiting would outlast a node boot "
                 f"({node_ready_s:.0f} s): no cap")

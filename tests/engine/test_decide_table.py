@@ -594,8 +594,8 @@ def test_backlog_boots_no_node_that_would_arrive_after_it_drained() -> None:
     assert peak.desired == 8
     assert [c.name for c in peak.clamps][:1] == ["backlog"]
     assert peak.clamps[0].detail.startswith(
-        "10 replicas at full speed carry 6.99 of load at 55 req/s, so 3000 waiting drain "
-        "in about 253 s, before a node could boot (360 s)")
+        "8 replicas (ready, starting, on free GPUs) carry 10 flat out; 55 req/s need 6.99, "
+        "so 3000 waiting drain in about 253 s, before a node could boot (360 s)")
     # Free GPUs count: 2 ready and room for 6 more on GPUs already free carry 5.1 at 40
     # req/s and drain the rest flat out within a pod start of their own, so the count
     # fills the free GPUs (8) and boots no node for the queue.
