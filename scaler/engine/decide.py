@@ -582,19 +582,17 @@ def limit_backlog(draft: Draft) -> str:
             or not recommend.overloaded(spec, snapshot=snapshot, ready=cluster.ready)):
         return "no backlog cap"
     need = rate.value * per_rate
-    on_hand = cluster.ready + len(cluster.starting)
-    full_speed = (on_hand + cluster.free_replica_slots) / (
-        spec.tokens.target_utilization if spec.tokens else 1.0)
+    # The replicas there are without a node: ready, starting, and those fitting on free GPUs.
+    no_node = cluster.ready + len(cluster.starting) + cluster.free_replica_slots
+    full_speed = no_node / (spec.tokens.target_utilization if spec.tokens else 1.0)
     spare_rate = (full_speed - need) / per_rate          # requests/s beyond the arrivals
     drain_s = DRAIN_SAFETY * waiting.value / spare_rate if spare_rate > 0 else math.inf
-    spare = (f"{on_hand + cluster.free_replica_slots} replicas (ready, starting, on free "
-             f"GPUs) carry {full_speed:.3g} flat out; {rate.value:.3g} req/s need "
-             f"{need:.3g}")
+    spare = (f"{no_node} replicas (ready, starting, on free GPUs) carry {full_speed:.3g} "
+             f"flat out; {rate.value:.3g} req/s need {need:.3g}")
     if drain_s >= node_ready_s:
         return (f"{spare}: {waiting.value:g} waiting would outlast a node boot "
                 f"({node_ready_s:.0f} s): no cap")
-    cap = max(cluster.current, on_hand + cluster.free_replica_slots,
-              recommend.ceil_replicas(need))
+    cap = max(cluster.current, no_node, recommend.ceil_replicas(need))
     detail = (f"{spare}, so {waiting.value:g} waiting drain in about {drain_s:.0f} s, "
               f"before a node could boot ({node_ready_s:.0f} s): no node for the backlog")
     if draft.count() > cap:
