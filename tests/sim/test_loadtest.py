@@ -119,19 +119,21 @@ def _run(requests: object, server: Server, model: str, **target: object) -> load
 
 
 def test_a_slow_server_does_not_slow_the_schedule(server: Server) -> None:
-    # 20 requests 50 ms apart (1 s) while each answer takes over 1.5 s: a closed-loop
-    # client would send them 1.5 s apart; the open-loop one keeps the trace's times.
+    # 20 requests 50 ms apart (0.95 s) while each answer takes over 1.5 s: a closed-loop
+    # client would send them 1.5 s apart (28.5 s in all); the open-loop one keeps the
+    # trace's times. How closely it keeps them is a measurement of the machine
+    # (bench/loadtest_client.py, p99 schedule lag); here the bounds are the behaviour's.
     times = [i * 0.05 for i in range(20)]
     before = len(server.received)
     live = _run(_requests(times, output=2), server, "slow")
     sent = [t for model, t in server.received[before:] if model == "slow"]
     assert len(sent) == 20
-    offsets = np.asarray(sent) - sent[0]
-    # Server-side receive times follow the trace within 40 ms (loopback, a loaded
-    # machine, the server's thread sharing the GIL); a closed loop would be 1.5 s apart.
-    assert np.max(np.abs(offsets - np.asarray(times))) < 0.04
     assert live.records.outcome.count(0) == 20
-    assert loadtest.lag_p99_ms(live.records) < 40
+    # Every request reached the server before the first answer could have come back...
+    assert sent[-1] - sent[0] < SLOW_TTFT_S
+    # ...at the trace's spacing, not all at once: a stalled loop catching up sends a few
+    # together, which moves no median.
+    assert 0.025 < float(np.median(np.diff(sent))) < 0.1
     assert live.wall_s > SLOW_TTFT_S + times[-1]
 
 
