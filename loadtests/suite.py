@@ -287,11 +287,12 @@ def with_headroom(policy: model.ScalePolicy, headroom: dict[str, float]) -> mode
 
 
 def run_job(item: Item, names: tuple[str, ...], policy_path: Path,
-            variants: dict[str, dict[str, float]] | None = None, warm: bool = False
-            ) -> dict[str, Any]:
+            variants: dict[str, dict[str, float]] | None = None, warm: bool = False,
+            dispatch: sim_cluster.Dispatch = "push") -> dict[str, Any]:
     """One process's work: load the trace and policy, simulate the strategies (a headroom
     variant's label runs the scaler on the policy with that headroom). `warm`: the scaler
-    starts from what it learned running the load before (`Item.load_before`)."""
+    starts from what it learned running the load before (`Item.load_before`). `dispatch`:
+    where the queue lives (`cluster.Dispatch`), for every strategy and the oracle."""
     started = time.perf_counter()
     policy = loader.load_paths([policy_path]).policies[0]
     profile = profiles.load_profile(policy.spec.profile or "llama-3.1-8b-h100")
@@ -302,14 +303,14 @@ def run_job(item: Item, names: tuple[str, ...], policy_path: Path,
     learned = None
     if warm and (variant is not None or "scaler" in names):
         learned = run.learned_on(item.load_before(), policy=policy, profile=profile,
-                                 grace_s=item.grace_s)
+                                 grace_s=item.grace_s, dispatch=dispatch)
     if variant is not None:
         result = run.simulate(trace, policy=policy, profile=profile, names=("scaler",),
-                              grace_s=item.grace_s, learned=learned)
+                              grace_s=item.grace_s, learned=learned, dispatch=dispatch)
         result.results[names[0]] = result.results.pop("scaler")
     else:
         result = run.simulate(trace, policy=policy, profile=profile, names=names,
-                              grace_s=item.grace_s, learned=learned)
+                              grace_s=item.grace_s, learned=learned, dispatch=dispatch)
     return {"item": item.name, "seed": item.seed, "names": list(names),
             "summaries": {n: r.summary for n, r in result.results.items()},
             "missed": {n: missed_windows(r.series, result.slo_threshold_s)
@@ -610,6 +611,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"{SCENARIO_SEED}, {SCENARIO_SEED + 1}, ..., shared traces loaded "
                         f"with {SHARED_SEED}, {SHARED_SEED + 1}, ... (default 1: the "
                         "first of each)")
+    parser.add_argument("--dispatch", choices=sim_cluster.DISPATCH_MODES, default="push",
+                        help="where the queue lives, for every strategy: push (each "
+                        "replica's own, as behind vLLM; the default) or queue (one shared "
+                        "work queue the replicas pull from, as a JetStream consumer)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     names = (tuple(n.strip() for n in args.strategies.split(",") if n.strip())
@@ -665,7 +670,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         + (f", {args.seeds} seeds" if args.seeds > 1 else "")
         + f") on {args.workers} worker processes")
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        futures = [pool.submit(run_job, item, group, args.policy, variants, args.warm)
+        futures = [pool.submit(run_job, item, group, args.policy, variants, args.warm,
+                               args.dispatch)
                    for item, group in jobs]
         for done, future in enumerate(as_completed(futures), start=1):
             outcome = future.result()
@@ -682,7 +688,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         replay["missed"] = {n: replay["missed"][n] for n in names if n in replay["missed"]}
     document: dict[str, Any] = {"policy": policy.name, "strategies": list(names),
                                 "workers": args.workers, "quick": args.quick,
-                                "warm": args.warm,
+                                "warm": args.warm, "dispatch": args.dispatch,
                                 "scenarios": {}, "skipped": skipped}
     if args.seeds == 1:
         document["scenarios"] = {name: replay for (name, _), replay in runs.items()}

@@ -20,8 +20,8 @@ from scaler.sim import profiles, run, strategies
 from scaler.sim.strategies import scaler as scaler_strategy
 
 # The keys of a default (one-seed) run's summary.json, which docs and other tools read.
-DOCUMENT_KEYS = ["policy", "strategies", "workers", "quick", "warm", "scenarios", "skipped",
-                 "wall_s"]
+DOCUMENT_KEYS = ["policy", "strategies", "workers", "quick", "warm", "dispatch", "scenarios",
+                 "skipped", "wall_s"]
 ENTRY_KEYS = ["description", "source", "path", "requests", "duration_s", "windows",
               "rise_windows", "job_seconds", "strategies", "missed"]
 
@@ -59,7 +59,7 @@ def test_quick_suite_writes_a_summary_and_a_page(default_run: Run) -> None:
     assert set(document["scenarios"]) == set(scenarios.QUICK)
     assert document["strategies"] == list(suite.QUICK_STRATEGIES)
     assert document["workers"] == 2 and document["wall_s"] > 0
-    assert document["warm"] is False
+    assert document["warm"] is False and document["dispatch"] == "push"
     for name, entry in document["scenarios"].items():
         assert list(entry["strategies"]) == list(suite.QUICK_STRATEGIES), name
         for summary in entry["strategies"].values():
@@ -231,6 +231,19 @@ def test_a_shared_trace_is_replayed_once_per_seed(tmp_path: Path) -> None:
     assert [(i.name, i.seed) for i in items] == [
         ("azure-code-x16", seed) for seed in range(suite.SHARED_SEED, suite.SHARED_SEED + 3)]
     assert len(lines) == 2  # conv and ServeGen are absent
+
+
+def test_a_work_queue_run_replays_every_strategy_from_one_shared_queue(
+        tmp_path: Path, default_run: Run) -> None:
+    queued = run_suite(tmp_path, "--dispatch", "queue")
+    document = queued.document()
+    assert document["dispatch"] == "queue"
+    # The same traces and strategies on another cluster model: the oracle's plan and the
+    # scaler's runs are replayed with nothing waiting at a replica.
+    pushed = default_run.document()["scenarios"]
+    assert set(document["scenarios"]) == set(pushed)
+    assert any(entry["strategies"] != pushed[name]["strategies"]
+               for name, entry in document["scenarios"].items())
 
 
 def test_bad_arguments_exit_2(tmp_path: Path) -> None:
