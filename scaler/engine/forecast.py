@@ -264,12 +264,18 @@ def slope(points: Sequence[tuple[float, float]]) -> float | None:
     Example: 10, 12, 14 at t = 0, 1, 2 s -> 2.0 per second."""
     if len(points) < 2:
         return None
-    mean_t = math.fsum(t for t, _ in points) / len(points)
-    mean_v = math.fsum(v for _, v in points) / len(points)
-    spread = math.fsum((t - mean_t) ** 2 for t, _ in points)
-    if spread <= 0:
+    try:
+        mean_t = math.fsum(t for t, _ in points) / len(points)
+        mean_v = math.fsum(v for _, v in points) / len(points)
+        spread = math.fsum((t - mean_t) ** 2 for t, _ in points)
+        if spread <= 0:
+            return None
+        fitted = math.fsum((t - mean_t) * (v - mean_v) for t, v in points) / spread
+    except (OverflowError, ValueError):
+        # Sums past a float (values the parser's plausibility bounds refuse long before,
+        # e.g. two readings of 1.7e308): no slope, as for too few points.
         return None
-    return math.fsum((t - mean_t) * (v - mean_v) for t, v in points) / spread
+    return fitted if math.isfinite(fitted) else None
 
 
 def _step_split(values: Sequence[float], *, line_residual: float) -> int | None:

@@ -35,7 +35,9 @@ def snapshots(draw: st.DrawFn) -> types.SignalSnapshot:
     return types.SignalSnapshot(
         queue_depth=draw(values()), in_flight=draw(values()),
         tokens_per_second=draw(values()), prompt_tokens_per_second=draw(values()),
-        p95_latency=draw(values()), arrival_rate=draw(values()))
+        p95_latency=draw(values()), arrival_rate=draw(values()),
+        completion_rate=draw(values()), kv_cache_usage=draw(values()),
+        shared_waiting=draw(values()))
 
 
 @st.composite
