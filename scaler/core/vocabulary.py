@@ -102,6 +102,11 @@ _PLAUSIBLE_MAX: Final = {
     Signal.GPU_FB_USED_MIB: 1e7,           # MiB over a model's GPUs
 }
 
+SHARED_QUEUE_SOURCE_PREFIX: Final = "jetstream/"
+"""Sources whose `queue_depth` waits in one queue every replica takes from: a JetStream
+consumer's pending messages ('jetstream/<stream>/<consumer>'). Replicas started now drain
+that queue; a replica's own waiting requests (vLLM's, pushed to it) stay with it."""
+
 DEMAND_SIGNALS: Final = (
     Signal.QUEUE_DEPTH,
     Signal.IN_FLIGHT,

@@ -357,6 +357,9 @@ def size_for_load(draft: Draft, *, load: float, per_rate: float) -> str:
     Q x (replicas per request/s) / T more, T = pod start + DRAIN_WINDOW_S. Example: 44
     req/s x 0.1 = 4.4 replicas, 830 waiting, T = 105 + 60 s: 830 x 0.1 / 165 = 0.5 more:
     5 replicas, where the queue alone read 104.
+    Where the queue lives decides what more replicas do (`_shared_drain`): requests
+    waiting at a replica (vLLM's, pushed to it) stay there, and new replicas only take
+    the new arrivals; a shared queue (a JetStream work queue) is drained by every replica.
     """
     waiting = draft.snapshot.queue_depth
     times = draft.times
@@ -366,6 +369,12 @@ def size_for_load(draft: Draft, *, load: float, per_rate: float) -> str:
     cap = load + waiting.value * per_rate / drain_s
     why = (f"held to load {load:.2f} + draining {waiting.value:g} waiting in "
            f"{drain_s:.0f} s = {cap:.2f} replicas")
+    queued = draft.snapshot.shared_waiting
+    shared = min(queued.value, waiting.value) if queued is not None and queued.fresh else 0.0
+    if shared > 0:
+        own = (waiting.value - shared) * per_rate / drain_s
+        cap, why = _shared_drain(draft, cap=cap, load=load + own, shared=shared,
+                                 per_rate=per_rate)
     capped = False
     for index, held in enumerate(draft.opinions):
         if (held.rule in BACKLOG_READINGS and held.demand is not None
@@ -377,6 +386,48 @@ def size_for_load(draft: Draft, *, load: float, per_rate: float) -> str:
             if held.demand > cap * (1 + draft.spec.tolerance):
                 draft.held_to_load = True
     return why if capped else ""
+
+
+def _shared_drain(draft: Draft, *, cap: float, load: float, shared: float,
+                  per_rate: float) -> tuple[float, str]:
+    """The replicas that drain a shared queue in time: (the count, why), never below
+    `cap` (the whole queue drained over a pod start + DRAIN_WINDOW_S); `load` is the
+    arrivals' replicas and the drain of the replicas' own queues.
+
+    A replica started now is ready in a pod start and finds the queue as it will be then:
+    the requests waiting now, plus arrivals less completions per second until then, less
+    what the replicas already starting take once they are ready (at full speed: a
+    replica with a queue before it runs flat out). It must be drained within
+    DRAIN_WINDOW_S of that, or new arrivals, which wait behind it, miss their SLO window
+    after window. The drain term is that backlog x (replicas per request/s) /
+    DRAIN_WINDOW_S, bought only as far as replicas are there or fit on free GPUs: a
+    replica that needs a node boot arrives after a backlog it was bought for
+    (`limit_backlog` decides nodes).
+    Example: 60 req/s x 0.088 = 5.3 replicas of load; 2 ready replicas finish 28 req/s
+    with 219 waiting and 4 starting, 6 GPUs free: in the 105 s a pod takes the queue
+    grows by 32/s, less what the 4 take from when they are ready, to about 2,700; draining
+    that in 60 s takes 4 more: 8, where the drain spread over 165 s read 6.4.
+    """
+    snapshot, cluster, times = draft.snapshot, draft.cluster, draft.times
+    assert times is not None
+    rate, completed = snapshot.arrival_rate, snapshot.completion_rate
+    growth = (rate.value - completed.value if rate is not None and rate.fresh
+              and completed is not None and completed.fresh else 0.0)
+    horizon = times.pod_start_s
+    full_rate = 1.0 / (per_rate * (draft.spec.tokens.target_utilization
+                                   if draft.spec.tokens else 1.0))
+    relief = full_rate * math.fsum(
+        max(0.0, horizon - max(0.0, created + times.pod_start_s - draft.now))
+        for created in cluster.starting)
+    at_ready = max(0.0, shared + growth * horizon - relief)
+    no_node = cluster.ready + len(cluster.starting) + (cluster.free_replica_slots or 0)
+    wanted = load + at_ready * per_rate / DRAIN_WINDOW_S
+    shared_cap = max(cap, min(wanted, no_node))
+    return shared_cap, (
+        f"held to load {load:.2f} + draining the shared queue: {shared:g} waiting "
+        f"{growth:+.3g}/s are {at_ready:.0f} when a pod started now is ready in "
+        f"{horizon:.0f} s; draining them in {DRAIN_WINDOW_S:.0f} s asks {wanted:.2f}, "
+        f"{no_node} without a node = {shared_cap:.2f} replicas")
 
 
 def look_ahead(draft: Draft) -> str:

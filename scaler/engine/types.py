@@ -113,6 +113,11 @@ class SignalSnapshot:
     arrival_rate: SignalValue | None = None
     completion_rate: SignalValue | None = None
     kv_cache_usage: SignalValue | None = None
+    # Of `queue_depth`, the requests waiting in a queue every replica takes from (fresh
+    # sources under `vocabulary.SHARED_QUEUE_SOURCE_PREFIX`: a JetStream consumer's lag);
+    # the rest waits at the replicas that hold it. Not a signal of its own: None when no
+    # fresh source of that kind reports.
+    shared_waiting: SignalValue | None = None
 
     def get(self, signal: vocabulary.Signal) -> SignalValue | None:
         """The value of a demand signal (None for missing, and for non-demand signals)."""

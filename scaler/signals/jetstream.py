@@ -28,7 +28,7 @@ class LagTarget:
 
     @property
     def source(self) -> str:
-        return f"jetstream/{self.stream}/{self.consumer}"
+        return f"{vocabulary.SHARED_QUEUE_SOURCE_PREFIX}{self.stream}/{self.consumer}"
 
 
 @dataclass(frozen=True, slots=True)

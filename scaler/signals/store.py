@@ -32,6 +32,9 @@ _SNAPSHOT_SERIES: dict[vocabulary.LatencyMetric,
 `vocabulary.DEMAND_SIGNALS`) and the series a snapshot reads it from (latency from its
 metric's series), built once rather than per snapshot."""
 
+_QUEUE_SERIES: SeriesKey = (vocabulary.Signal.QUEUE_DEPTH, None)
+_SHARED = vocabulary.SHARED_QUEUE_SOURCE_PREFIX
+
 
 @dataclass(frozen=True, slots=True)
 class StoreLimits:
@@ -277,6 +280,14 @@ class SignalStore:
                 value = self._combined(signal, latest, now=now, stale_after_s=stale_after_s)
                 if value is not None:
                     values[name] = value
+        queue = series.get(_QUEUE_SERIES)
+        if queue and "queue_depth" in values:
+            shared = [s for source, s in queue.items() if source.startswith(_SHARED)
+                      and s.value is not None and 0 <= now - s.ts <= stale_after_s]
+            value = combine(vocabulary.Signal.QUEUE_DEPTH, shared, now=now,
+                            stale_after_s=stale_after_s) if shared else None
+            if value is not None:
+                values["shared_waiting"] = value
         return types.SignalSnapshot(**values)
 
     # -- housekeeping -------------------------------------------------------------------

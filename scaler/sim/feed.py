@@ -26,7 +26,7 @@ GATEWAY_SOURCE = "gateway"
 # service's JetStream source reports a consumer's lag ('jetstream/<stream>/<consumer>'):
 # the model's reading, no replica's, so it is in the queue depth the engine sums but not
 # in any replica's work (`replica_work`).
-WORK_QUEUE_SOURCE = "jetstream/requests/workers"
+WORK_QUEUE_SOURCE = f"{vocabulary.SHARED_QUEUE_SOURCE_PREFIX}requests/workers"
 
 
 @dataclass(slots=True)

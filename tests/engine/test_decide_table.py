@@ -746,6 +746,62 @@ def test_at_a_step_the_backlog_is_sized_as_load_plus_drain_not_as_load() -> None
     assert queue.recommendation == 6 and "draining 830 waiting" in queue.detail
 
 
+@pytest.mark.parametrize(("shared", "free", "expected"), [
+    # 830 waiting at the replica that holds them (vLLM's queue): new replicas take the
+    # new arrivals and drain none of it; sized as the test above.
+    (0.0, 7, 6),
+    # The same 830 in a JetStream work queue: a pod started now is ready in 60 s and
+    # finds 830 + (44 - 13) x 60 = 2,690 waiting; draining them in 60 s takes 4.48 more
+    # than the load's 4.4: 8.9, bought as far as the 8 that fit on free GPUs.
+    (830.0, 7, 8),
+    (830.0, 20, 9),
+    # No GPU known to be free: a node boot away, those replicas would arrive after the
+    # queue they were bought for; the count is sized as for a replica's own queue.
+    (830.0, None, 6),
+])
+def test_a_shared_queue_is_drained_by_the_replicas_a_step_buys(
+        shared: float, free: int | None, expected: int) -> None:
+    p = policy(signals={"concurrency": {"targetPerReplica": 10},
+                        "queueDepth": {"targetWaitingPerReplica": 2}})
+    sim = Sim(p, current=1)
+    for t in range(0, 40, 2):
+        sim.step(t, types.SignalSnapshot(in_flight=value(10), queue_depth=value(0),
+                                         arrival_rate=value(10), completion_rate=value(10)))
+    assert sim.state.replicas_per_request_rate == pytest.approx(0.1)
+    step = types.SignalSnapshot(in_flight=value(20), queue_depth=value(830),
+                                arrival_rate=value(44), completion_rate=value(13),
+                                shared_waiting=value(shared) if shared else None)
+    assert sim.step(40, step, free_replica_slots=free) == expected
+    assert sim.last is not None
+    queue = next(s for s in sim.last.signals if s.name == "queue_depth")
+    assert ("the shared queue" in queue.detail) == (shared > 0)
+    if shared:
+        assert "2690 when a pod started now is ready in 60 s" in queue.detail
+
+
+def test_replicas_starting_take_their_share_of_a_shared_queue() -> None:
+    # As above, 830 waiting in a work queue with 7 free GPUs, but 3 replicas started 30 s
+    # ago: ready in 30 s, they take 3 x 10 req/s for the last 30 s of the 60, so a pod
+    # started now finds 2,690 - 900 = 1,790, and draining them asks 4.4 + 2.98 = 7.4.
+    p = policy(signals={"concurrency": {"targetPerReplica": 10},
+                        "queueDepth": {"targetWaitingPerReplica": 2}})
+    sim = Sim(p, current=1)
+    for t in range(0, 40, 2):
+        sim.step(t, types.SignalSnapshot(in_flight=value(10), queue_depth=value(0),
+                                         arrival_rate=value(10), completion_rate=value(10)))
+    now = sim.start + 40
+    step = types.SignalSnapshot(in_flight=value(20), queue_depth=value(830),
+                                arrival_rate=value(44), completion_rate=value(13),
+                                shared_waiting=value(830))
+    sim.current = 4
+    # Without them counted the same queue asks 8.9: 9.
+    assert sim.step(40, step, ready=1, starting=(now - 30,) * 3, free_replica_slots=10) == 8
+    assert sim.last is not None
+    queue = next(s for s in sim.last.signals if s.name == "queue_depth")
+    assert "1790 when a pod started now is ready" in queue.detail
+    assert "asks 7.38" in queue.detail
+
+
 def test_without_a_reported_arrival_rate_flow_balance_estimates_it() -> None:
     # Replicas report only what they see: finished requests/s, waiting and running.
     p = policy(signals={"concurrency": {"targetPerReplica": 10},

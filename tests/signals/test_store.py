@@ -234,6 +234,24 @@ def test_snapshot_maps_signals_for_the_engine() -> None:
     )
 
 
+def test_the_snapshot_keeps_a_shared_queue_apart_from_the_replicas_own() -> None:
+    # A JetStream consumer's pending messages are one queue every replica takes from; a
+    # replica's own waiting requests are not, and a message naming itself 'jetstream/...'
+    # is still a NATS source. Stale sources count in neither.
+    signal_store = store.SignalStore()
+    signal_store.put([
+        sample("queue_depth", 3, source="nats/pod-a"),
+        sample("queue_depth", 40, source="jetstream/REQUESTS/workers", ts=T0 - 2),
+        sample("queue_depth", 7, source="nats/jetstream/REQUESTS/workers"),
+        sample("queue_depth", 500, source="jetstream/OLD/workers", ts=T0 - 45),
+    ])
+    snapshot = signal_store.snapshot(KEY, now=T0, stale_after_s=30)
+    assert snapshot.queue_depth == fresh(50.0, 0.0, sources=3)
+    assert snapshot.shared_waiting == fresh(40.0, 2.0)
+    signal_store.put([sample("queue_depth", None, source="jetstream/REQUESTS/workers")])
+    assert signal_store.snapshot(KEY, now=T0, stale_after_s=30).shared_waiting is None
+
+
 def test_a_full_series_refuses_new_sources_and_keeps_the_known_ones() -> None:
     # A flood of invented `source` ids must not evict the replicas already reporting.
     signal_store = store.SignalStore(limits=store.StoreLimits(max_sources=3, ttl_s=60))

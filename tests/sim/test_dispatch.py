@@ -164,6 +164,8 @@ def test_the_feed_reports_the_shared_queue_as_the_models_and_no_replicas_work(
     strategy.snapshot(sim, now=now)
     snapshot = strategy.snapshot(sim, now=later)
     assert snapshot.queue_depth is not None and snapshot.queue_depth.value == waiting
+    # ...known to be shared, as the service's JetStream source's is: new replicas drain it.
+    assert snapshot.shared_waiting is not None and snapshot.shared_waiting.value == waiting
     assert set(strategy.work(now=later)) == {"pod-0", "pod-1"}
     assert strategy.cluster_state(sim, now=later).busy_replicas == 2
 
