@@ -10,8 +10,9 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from scaler.core import vocabulary
 from scaler.policy import model as policy_model
-from scaler.signals import connection, jetstream
+from scaler.signals import connection, jetstream, samples, store
 from scaler.testing import nats_server
 
 from .conftest import Eventually, ListSink, Start
@@ -105,6 +106,16 @@ async def test_lag_is_pending_plus_ack_pending_and_rate_follows_the_stream(
 
     await lag_settles_at(7.0, 2.0)
     assert {s.source for s in sink.samples} == {"jetstream/REQUESTS/workers"}
+    # In the store, the consumer's pending messages are a queue every worker takes from,
+    # kept apart from a replica's own waiting requests (which a pod reports over NATS).
+    signal_store = store.SignalStore()
+    signal_store.put(sink.samples)
+    latest = max(s.ts for s in sink.samples)
+    signal_store.put([samples.Sample(KEY, vocabulary.Signal.QUEUE_DEPTH, "nats/pod-a",
+                                     latest, 3.0)])
+    snapshot = signal_store.snapshot(KEY, now=latest, stale_after_s=30)
+    assert snapshot.queue_depth is not None and snapshot.queue_depth.value == 10.0
+    assert snapshot.shared_waiting is not None and snapshot.shared_waiting.value == 7.0
     polls = source.stats.accepted
 
     for i in range(20):
