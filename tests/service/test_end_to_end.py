@@ -497,7 +497,8 @@ async def test_a_follower_in_a_queue_group_takes_over_with_the_leaders_record(
     def configured(retry_period_s: float) -> settings.Settings:
         kube = service_settings.kube.model_copy(update={
             "lease": service_settings.kube.lease.model_copy(
-                update={"retry_period_s": retry_period_s})})
+                update={"retry_period_s": retry_period_s}),
+            "learned_state": kube_settings.LearnedStateSettings(write_seconds=0.2)})
         nats = service_settings.nats.model_copy(update={"queue_group": "scalers"})
         return service_settings.model_copy(update={"kube": kube, "nats": nats})
 
@@ -515,12 +516,19 @@ async def test_a_follower_in_a_queue_group_takes_over_with_the_leaders_record(
         await eventually(lambda: replicas(emulator) > 2, what="scaled up")
         await eventually(lambda: KEY in follower.reactor.learned(), what="follower evaluated")
         scaled = replicas(emulator)
-        await leader.stop()  # writes its record, releases the Lease
-        # Nothing else runs before this edit (one event loop): the record the follower
-        # reads on taking over holds a served share neither instance learned (this policy
-        # has no tokens/s signal, so nothing here learns or changes one).
+        await eventually(lambda: leader.state.learned_writes["written"] >= 1,
+                         what="the leader's record written")
+        # The record the follower reads on taking over holds a served share neither
+        # instance learned (this policy has no tokens/s signal, so nothing here learns or
+        # changes one); the leader's later writes fail, so the edit is what it leaves,
+        # whenever the follower's next try of the Lease comes.
         edit_learned_record(emulator, servedShare=0.6, servedSamples=7)
         written_at = learned_record(emulator)["at"]
+        refused = emulator.inject(Fault(verb="update", path=f"/configmaps/{LEARNED_CONFIGMAP[1]}$",
+                                        status=403, times=1_000))
+        await leader.stop()  # tries to write its record (refused), releases the Lease
+        assert learned_record(emulator)["servedShare"] == 0.6
+        refused.times = 0
         await eventually(lambda: bool(follower.state.leader), what="follower takes over")
         await eventually(lambda: (s := follower.state.status(KEY)) is not None
                          and s.resumed_at == written_at, what="the leader's record resumed")
