@@ -22,8 +22,17 @@ def snapshots(draw: st.DrawFn) -> types.SignalSnapshot:
         return None if v is None else types.SignalValue.assess(v, age_s=draw(age),
                                                                stale_after_s=30.0)
 
-    return types.SignalSnapshot(queue_depth=signal(), in_flight=signal(),
-                                tokens_per_second=signal(), p95_latency=signal())
+    queue = signal()
+    # Some of the queue may wait in a shared work queue (a JetStream consumer's lag).
+    shared = (None if queue is None or not draw(st.booleans()) else types.SignalValue.assess(
+        queue.value * draw(st.floats(0, 1)), age_s=queue.age_s, stale_after_s=30.0))
+    usage = draw(st.none() | st.floats(0, 1))
+    return types.SignalSnapshot(
+        queue_depth=queue, in_flight=signal(), tokens_per_second=signal(),
+        p95_latency=signal(), arrival_rate=signal(), completion_rate=signal(),
+        kv_cache_usage=None if usage is None else types.SignalValue.assess(
+            usage, age_s=draw(age), stale_after_s=30.0),
+        shared_waiting=shared)
 
 
 @st.composite
@@ -59,18 +68,22 @@ def policies(draw: st.DrawFn) -> Any:
     return policy(**overrides)
 
 
-steps = st.lists(st.tuples(st.floats(min_value=0.5, max_value=90), snapshots()),
+# Each step: seconds since the last, the snapshot, and the replicas that fit on free GPUs
+# (None: unknown, a node must boot).
+steps = st.lists(st.tuples(st.floats(min_value=0.5, max_value=90), snapshots(),
+                           st.none() | st.integers(0, 64)),
                  min_size=1, max_size=25)
 
 
-def _run(p: Any, start_current: int, timeline: list[tuple[float, types.SignalSnapshot]]
+def _run(p: Any, start_current: int,
+         timeline: list[tuple[float, types.SignalSnapshot, int | None]]
          ) -> list[tuple[float, types.SignalSnapshot, types.Decision]]:
     """Apply each decision at once (the shared `Sim`); replicas are ready as they exist."""
     sim = Sim(p, current=start_current)
     t, out = 0.0, []
-    for dt, snapshot in timeline:
+    for dt, snapshot, free in timeline:
         t += dt
-        sim.step(t, snapshot)
+        sim.step(t, snapshot, free_replica_slots=free)
         assert sim.last is not None
         out.append((sim.start + t, snapshot, sim.last))
     return out
