@@ -404,9 +404,10 @@ def _shared_drain(draft: Draft, *, cap: float, load: float, shared: float,
     replica that needs a node boot arrives after a backlog it was bought for
     (`limit_backlog` decides nodes).
     Example: 60 req/s x 0.088 = 5.3 replicas of load; 2 ready replicas finish 28 req/s
-    with 219 waiting and 4 starting, 6 GPUs free: in the 105 s a pod takes the queue
-    grows by 32/s, less what the 4 take from when they are ready, to about 2,700; draining
-    that in 60 s takes 4 more: 8, where the drain spread over 165 s read 6.4.
+    with 219 waiting, none starting, 6 GPUs free: in the 105 s a pod takes the queue
+    grows 32/s to 219 + 32 x 105 = 3,579, and draining that in 60 s takes 3,579 x 0.088
+    / 60 = 5.2 more: 10.5, bought as far as the 8 that fit (the drain of 219 spread over
+    165 s read 5.4).
     """
     snapshot, cluster, times = draft.snapshot, draft.cluster, draft.times
     assert times is not None
