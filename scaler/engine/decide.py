@@ -415,13 +415,12 @@ def _shared_drain(draft: Draft, *, cap: float, load: float, shared: float,
     growth = (rate.value - completed.value if rate is not None and rate.fresh
               and completed is not None and completed.fresh else 0.0)
     horizon = times.pod_start_s
-    full_rate = 1.0 / (per_rate * (draft.spec.tokens.target_utilization
-                                   if draft.spec.tokens else 1.0))
+    full_rate = 1.0 / (per_rate * _target(draft.spec))
     relief = full_rate * math.fsum(
         max(0.0, horizon - max(0.0, created + times.pod_start_s - draft.now))
         for created in cluster.starting)
     at_ready = max(0.0, shared + growth * horizon - relief)
-    no_node = cluster.ready + len(cluster.starting) + (cluster.free_replica_slots or 0)
+    no_node = _without_a_node(cluster)
     wanted = load + at_ready * per_rate / DRAIN_WINDOW_S
     shared_cap = max(cap, min(wanted, no_node))
     return shared_cap, (
@@ -429,6 +428,18 @@ def _shared_drain(draft: Draft, *, cap: float, load: float, shared: float,
         f"{growth:+.3g}/s are {at_ready:.0f} when a pod started now is ready in "
         f"{horizon:.0f} s; draining them in {DRAIN_WINDOW_S:.0f} s asks {wanted:.2f}, "
         f"{no_node} without a node = {shared_cap:.2f} replicas")
+
+
+def _target(spec: engine_spec.EngineSpec) -> float:
+    """The share of full speed the load is sized at (tokens/s `targetUtilization`, else
+    1): replicas working off a backlog run flat out, 1 / target times that."""
+    return spec.tokens.target_utilization if spec.tokens else 1.0
+
+
+def _without_a_node(cluster: types.ClusterState) -> int:
+    """The replicas there are without a node boot: ready, starting, and those fitting on
+    free GPUs (none where that is unknown)."""
+    return cluster.ready + len(cluster.starting) + (cluster.free_replica_slots or 0)
 
 
 def look_ahead(draft: Draft) -> str:
@@ -635,8 +646,8 @@ def limit_backlog(draft: Draft) -> str:
         return "no backlog cap"
     need = rate.value * per_rate
     # The replicas there are without a node: ready, starting, and those fitting on free GPUs.
-    no_node = cluster.ready + len(cluster.starting) + cluster.free_replica_slots
-    full_speed = no_node / (spec.tokens.target_utilization if spec.tokens else 1.0)
+    no_node = _without_a_node(cluster)
+    full_speed = no_node / _target(spec)
     spare_rate = (full_speed - need) / per_rate          # requests/s beyond the arrivals
     drain_s = DRAIN_SAFETY * waiting.value / spare_rate if spare_rate > 0 else math.inf
     spare = (f"{no_node} replicas (ready, starting, on free GPUs) carry {full_speed:.3g} "

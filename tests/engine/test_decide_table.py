@@ -727,15 +727,29 @@ def test_the_look_ahead_trusts_less_of_a_trend_that_did_not_come_true() -> None:
     assert lifted[-1].horizon_scale > 0.9
 
 
-def test_at_a_step_the_backlog_is_sized_as_load_plus_drain_not_as_load() -> None:
+def _learned_at_10_req_s() -> Sim:
+    """One replica at 10 req/s with 10 in flight: 0.1 replicas per req/s learned."""
     p = policy(signals={"concurrency": {"targetPerReplica": 10},
                         "queueDepth": {"targetWaitingPerReplica": 2}})
     sim = Sim(p, current=1)
-    # Unsaturated: 10 req/s keep 10 in flight on 1 replica -> 0.1 replicas per req/s.
     for t in range(0, 40, 2):
         sim.step(t, types.SignalSnapshot(in_flight=value(10), queue_depth=value(0),
-                                         arrival_rate=value(10)))
+                                         arrival_rate=value(10), completion_rate=value(10)))
     assert sim.state.replicas_per_request_rate == pytest.approx(0.1)
+    return sim
+
+
+def _step_to_44(shared: float) -> types.SignalSnapshot:
+    """A step to 44 req/s: the replica finishes 13/s, 830 wait, `shared` of them in a
+    work queue."""
+    return types.SignalSnapshot(in_flight=value(20), queue_depth=value(830),
+                                arrival_rate=value(44), completion_rate=value(13),
+                                shared_waiting=value(shared) if shared else None)
+
+
+def test_at_a_step_the_backlog_is_sized_as_load_plus_drain_not_as_load() -> None:
+    # Unsaturated: 10 req/s keep 10 in flight on 1 replica -> 0.1 replicas per req/s.
+    sim = _learned_at_10_req_s()
     # A step to 44 req/s: 830 wait behind the replica. The queue reads 415 replicas and
     # concurrency 85; the load is 4.4 and draining 830 in 60 + 60 s takes 0.69 more.
     step = types.SignalSnapshot(in_flight=value(20), queue_depth=value(830),
@@ -761,17 +775,8 @@ def test_at_a_step_the_backlog_is_sized_as_load_plus_drain_not_as_load() -> None
 ])
 def test_a_shared_queue_is_drained_by_the_replicas_a_step_buys(
         shared: float, free: int | None, expected: int) -> None:
-    p = policy(signals={"concurrency": {"targetPerReplica": 10},
-                        "queueDepth": {"targetWaitingPerReplica": 2}})
-    sim = Sim(p, current=1)
-    for t in range(0, 40, 2):
-        sim.step(t, types.SignalSnapshot(in_flight=value(10), queue_depth=value(0),
-                                         arrival_rate=value(10), completion_rate=value(10)))
-    assert sim.state.replicas_per_request_rate == pytest.approx(0.1)
-    step = types.SignalSnapshot(in_flight=value(20), queue_depth=value(830),
-                                arrival_rate=value(44), completion_rate=value(13),
-                                shared_waiting=value(shared) if shared else None)
-    assert sim.step(40, step, free_replica_slots=free) == expected
+    sim = _learned_at_10_req_s()
+    assert sim.step(40, _step_to_44(shared), free_replica_slots=free) == expected
     assert sim.last is not None
     queue = next(s for s in sim.last.signals if s.name == "queue_depth")
     assert ("the shared queue" in queue.detail) == (shared > 0)
@@ -783,19 +788,12 @@ def test_replicas_starting_take_their_share_of_a_shared_queue() -> None:
     # As above, 830 waiting in a work queue with 7 free GPUs, but 3 replicas started 30 s
     # ago: ready in 30 s, they take 3 x 10 req/s for the last 30 s of the 60, so a pod
     # started now finds 2,690 - 900 = 1,790, and draining them asks 4.4 + 2.98 = 7.4.
-    p = policy(signals={"concurrency": {"targetPerReplica": 10},
-                        "queueDepth": {"targetWaitingPerReplica": 2}})
-    sim = Sim(p, current=1)
-    for t in range(0, 40, 2):
-        sim.step(t, types.SignalSnapshot(in_flight=value(10), queue_depth=value(0),
-                                         arrival_rate=value(10), completion_rate=value(10)))
+    sim = _learned_at_10_req_s()
     now = sim.start + 40
-    step = types.SignalSnapshot(in_flight=value(20), queue_depth=value(830),
-                                arrival_rate=value(44), completion_rate=value(13),
-                                shared_waiting=value(830))
     sim.current = 4
     # Without them counted the same queue asks 8.9: 9.
-    assert sim.step(40, step, ready=1, starting=(now - 30,) * 3, free_replica_slots=10) == 8
+    assert sim.step(40, _step_to_44(830.0), ready=1, starting=(now - 30,) * 3,
+                    free_replica_slots=10) == 8
     assert sim.last is not None
     queue = next(s for s in sim.last.signals if s.name == "queue_depth")
     assert "1790 when a pod started now is ready" in queue.detail
