@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import zoneinfo
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -360,6 +360,12 @@ class Sources(_Model):
         default=None, description="JetStream consumer lag. None: not read.")
     prometheus: PrometheusSource | None = Field(
         default=None, description="Prometheus polling. None: not polled.")
+    shared_queue_sources: tuple[Annotated[str, Field(min_length=1, max_length=253)], ...] = (
+        Field(default=(), max_length=64, description="The `source` of signal messages (over "
+              "NATS or HTTP) whose queue_depth is one queue every replica takes from, such "
+              "as a gateway or router that holds requests until a replica is free: replicas "
+              "started now drain it, as they drain a JetStream consumer's pending messages "
+              "(always shared). Empty: a message's queue waits at the replica that sent it."))
 
 
 class ScalingRule(_Model):

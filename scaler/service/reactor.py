@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Protocol
 
 from scaler.actuators import base as actuators
@@ -21,6 +21,7 @@ from scaler.service import explain
 from scaler.service import learned as service_learned
 from scaler.service import state as service_state
 from scaler.service import variants as service_variants
+from scaler.signals import messages
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class SnapshotSource(Protocol):
     def snapshot(
         self, model: str, *, now: float, stale_after_s: float,
         latency_metric: vocabulary.LatencyMetric = vocabulary.DEFAULT_LATENCY_METRIC,
+        shared_sources: Collection[str] = (),
     ) -> types.SignalSnapshot: ...
 
 
@@ -235,8 +237,10 @@ class Reactor:
             # at the current count, as after a restart (`decide.stabilize_count`).
             engine_state = dataclasses.replace(engine_state, last_desired=None)
         try:
-            snapshot = self.store.snapshot(key, now=now, stale_after_s=spec.stale_after_seconds,
-                                           latency_metric=spec.latency_metric)
+            snapshot = self.store.snapshot(
+                key, now=now, stale_after_s=spec.stale_after_seconds,
+                latency_metric=spec.latency_metric,
+                shared_sources=messages.shared_queue_keys(spec.sources.shared_queue_sources))
             decision, new_state = engine.decide(policy, snapshot=snapshot, cluster=cluster,
                                                 state=engine_state, now=now)
         except Exception:  # a bug or an input the engine cannot take: hold, count, go on

@@ -288,14 +288,16 @@ class Service:
 
     def pod_work(self, policy: model.ScalePolicy) -> dict[str, spare.PodWork]:
         """Each replica's fresh work (in flight and queued) by its pod name (the `source`
-        of its signal messages), now."""
+        of its signal messages), now. A source the policy names in `sharedQueueSources`
+        is no replica: its queue is lost with no pod's removal."""
         now, stale = self.wall_clock(), policy.spec.stale_after_seconds
+        shared = messages.shared_queue_keys(policy.spec.sources.shared_queue_sources)
 
         def per_replica(signal: vocabulary.Signal) -> dict[str, float]:
             values: dict[str, float] = {}
             for origin, value in self.store.per_source(policy.key, signal, now=now,
                                                        stale_after_s=stale).items():
-                replica = messages.replica_of(origin)
+                replica = None if origin in shared else messages.replica_of(origin)
                 if replica is not None:  # one pod over both NATS and HTTP: counted once
                     values[replica] = max(value, values.get(replica, 0.0))
             return values

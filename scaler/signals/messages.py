@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -145,6 +146,15 @@ TRANSPORTS: Final = ("nats", "http")
 """The transports that carry signal messages, each a prefix of its samples' source."""
 ANONYMOUS: Final = "anonymous"
 """The source of a message that names none: no replica's own report."""
+
+
+@functools.lru_cache(maxsize=1024)
+def shared_queue_keys(names: tuple[str, ...]) -> frozenset[str]:
+    """The samples' sources of the messages a policy names in
+    `spec.sources.sharedQueueSources`, over every transport: ('gateway',) ->
+    {'nats/gateway', 'http/gateway'}. Cached (policies mostly name none, or the same few):
+    no new set an evaluation."""
+    return frozenset(f"{transport}/{name}" for transport in TRANSPORTS for name in names)
 
 
 def replica_of(source: str) -> str | None:

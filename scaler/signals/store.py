@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from scaler.core import histogram, vocabulary
@@ -265,8 +265,15 @@ class SignalStore:
         now: float,
         stale_after_s: float,
         latency_metric: vocabulary.LatencyMetric = vocabulary.DEFAULT_LATENCY_METRIC,
+        shared_sources: Collection[str] = (),
     ) -> types.SignalSnapshot:
-        """What the engine sees for `model` at `now`: each demand signal with its age."""
+        """What the engine sees for `model` at `now`: each demand signal with its age.
+
+        `shared_waiting` is the part of queue_depth that waits in one queue every replica
+        takes from: fresh sources under `vocabulary.SHARED_QUEUE_SOURCE_PREFIX` (a
+        JetStream consumer) and those in `shared_sources` (a policy's
+        `sharedQueueSources`, as `messages.shared_queue_keys` spells them).
+        """
         # The model's series looked up once, and only the series it has combined (four of
         # eight in bench/fleet_scale.py: one snapshot an evaluation, 10,000 a cycle); an
         # empty series combines to None, the snapshot's default.
@@ -282,7 +289,8 @@ class SignalStore:
                     values[name] = value
         queue = series.get(_QUEUE_SERIES)
         if queue and "queue_depth" in values:
-            shared = [s for source, s in queue.items() if source.startswith(_SHARED)
+            shared = [s for source, s in queue.items()
+                      if (source.startswith(_SHARED) or source in shared_sources)
                       and s.value is not None and 0 <= now - s.ts <= stale_after_s]
             value = combine(vocabulary.Signal.QUEUE_DEPTH, shared, now=now,
                             stale_after_s=stale_after_s) if shared else None

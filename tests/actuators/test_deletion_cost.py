@@ -416,3 +416,20 @@ def test_the_service_reads_each_replicas_fresh_work_from_the_store() -> None:
         sample(running, "nats/pod-x", 0, 1.0, model_key="ns/other")])
     assert service.pod_work(policy) == {"pod-a": Work(in_flight=30, queue_depth=2),
                                         "pod-b": Work(queue_depth=4)}
+
+
+def test_a_shared_queues_source_is_no_replicas_work() -> None:
+    """A gateway the policy names in `sharedQueueSources` holds requests for every
+    replica: removing a pod loses none of them, so its queue ranks no pod."""
+    now = 1_764_400_000.0
+    service = runner.Service(service_settings.Settings(), wall_clock=lambda: now)
+    plain = make_policy("ns", "llama")
+    shared = plain.model_copy(update={"spec": plain.spec.model_copy(update={
+        "sources": model.Sources(shared_queue_sources=("gateway",))})})
+    waiting = vocabulary.Signal.QUEUE_DEPTH
+    service.store.put([samples.Sample(plain.key, waiting, source, now - 1, value)
+                       for source, value in (("nats/pod-a", 2.0), ("nats/gateway", 80.0),
+                                             ("http/gateway", 80.0))])
+    assert service.pod_work(shared) == {"pod-a": Work(queue_depth=2)}
+    assert service.pod_work(plain) == {"pod-a": Work(queue_depth=2),
+                                       "gateway": Work(queue_depth=80)}

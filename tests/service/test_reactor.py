@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from pathlib import Path
 
 import pytest
@@ -314,12 +314,13 @@ class FailingOnce:
 
     def snapshot(self, model: str, *, now: float, stale_after_s: float,
                  latency_metric: vocabulary.LatencyMetric = vocabulary.DEFAULT_LATENCY_METRIC,
-                 ) -> types.SignalSnapshot:
+                 shared_sources: Collection[str] = ()) -> types.SignalSnapshot:
         if self.failures > 0:
             self.failures -= 1
             raise OverflowError("cannot convert float infinity to integer")
         return self.inner.snapshot(model, now=now, stale_after_s=stale_after_s,
-                                   latency_metric=latency_metric)
+                                   latency_metric=latency_metric,
+                                   shared_sources=shared_sources)
 
 
 async def test_a_failed_evaluation_is_counted_holds_and_the_next_one_runs(
@@ -373,3 +374,56 @@ async def test_taking_over_from_a_share_of_the_signals_starts_the_down_window_ag
     signals.put([sample(clock=clock, source="pod-0", in_flight=50.0)])
     await loop_reactor.idle()
     assert cluster.current[KEY] < 20
+
+
+async def _after_a_step(clock: FakeClock, *, shared_queue_sources: tuple[str, ...]
+                        ) -> types.Decision:
+    """One replica learns 0.1 replicas per req/s at 10 req/s; then a step to 44 req/s
+    leaves 830 waiting at the gateway `gateway`, which reports them over NATS."""
+    spec = {"signals": {"concurrency": {"targetPerReplica": 10},
+                        "queueDepth": {"targetWaitingPerReplica": 2}},
+            "replicas": {"min": 1, "max": 50},
+            "sources": {"sharedQueueSources": list(shared_queue_sources)},
+            "behavior": {"scaleUp": {"stabilizationSeconds": 0, "policies": [
+                {"type": "Pods", "value": 100, "periodSeconds": 15}]}}}
+    stepped = factories.policy(spec=spec)
+    signals, fake = store.SignalStore(), FakeCluster(current=1)
+    loop_reactor = reactor.Reactor(state=factories.loaded_state(stepped), store=signals,
+                                   reader=fake, actuator=fake, wall_clock=clock,
+                                   backstop_s=5.0)
+    remove = signals.add_listener(loop_reactor.notify)
+    loop_reactor.set_policies({KEY: stepped})
+    await loop_reactor.idle()
+    Signal = vocabulary.Signal
+
+    def report(source: str, **values: float) -> None:
+        signals.put([samples.Sample(model=KEY, signal=Signal(name), source=source,
+                                    ts=clock.now, value=value)
+                     for name, value in values.items()])
+
+    for _ in range(20):
+        clock.now += 2.0
+        report("nats/pod-a", in_flight=10, queue_depth=0, arrival_rate=10,
+               completion_rate=10)
+        await loop_reactor.idle()
+    clock.now += 2.0
+    report("nats/gateway", queue_depth=830)
+    report("nats/pod-a", in_flight=20, queue_depth=0, arrival_rate=44, completion_rate=13)
+    await loop_reactor.idle()
+    remove()
+    await loop_reactor.drain(timeout_s=5.0)
+    return fake.applied[-1]
+
+
+async def test_a_gateway_the_policy_names_is_a_queue_every_new_replica_drains(
+        clock: FakeClock) -> None:
+    # The same 830 waiting: at a replica (a gateway not named) new replicas only take
+    # new arrivals; in the gateway's queue (named in sharedQueueSources) they drain it,
+    # and the queue grows until they are ready, so the step buys more.
+    own = await _after_a_step(clock, shared_queue_sources=())
+    shared = await _after_a_step(clock, shared_queue_sources=("gateway",))
+    own_queue, shared_queue = (next(s for s in d.signals if s.name == "queue_depth")
+                               for d in (own, shared))
+    assert "the shared queue" not in own_queue.detail
+    assert "draining the shared queue: 830 waiting" in shared_queue.detail
+    assert shared.desired > own.desired > 1

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from scaler.core import histogram as hist
 from scaler.core import vocabulary
 from scaler.engine import types
-from scaler.signals import samples, store
+from scaler.signals import messages, samples, store
 
 T0 = 1_764_410_000.0
 KEY = "inference/llama-70b"
@@ -250,6 +250,27 @@ def test_the_snapshot_keeps_a_shared_queue_apart_from_the_replicas_own() -> None
     assert snapshot.shared_waiting == fresh(40.0, 2.0)
     signal_store.put([sample("queue_depth", None, source="jetstream/REQUESTS/workers")])
     assert signal_store.snapshot(KEY, now=T0, stale_after_s=30).shared_waiting is None
+
+
+def test_a_policy_names_the_message_sources_whose_queue_is_shared() -> None:
+    # A gateway that holds requests until a replica is free publishes one queue every
+    # replica takes from; named in `sharedQueueSources`, over NATS or HTTP alike, it is
+    # the shared part of queue_depth. Not named, it is one more replica's own queue.
+    signal_store = store.SignalStore()
+    signal_store.put([
+        sample("queue_depth", 3, source="nats/pod-a"),
+        sample("queue_depth", 120, source="nats/gateway", ts=T0 - 1),
+        sample("queue_depth", 30, source="http/gateway-b"),
+    ])
+    declared = messages.shared_queue_keys(("gateway", "gateway-b"))
+    assert declared == {"nats/gateway", "http/gateway", "nats/gateway-b", "http/gateway-b"}
+    snapshot = signal_store.snapshot(KEY, now=T0, stale_after_s=30, shared_sources=declared)
+    assert snapshot.queue_depth == fresh(153.0, 0.0, sources=3)
+    assert snapshot.shared_waiting == fresh(150.0, 0.0, sources=2)
+    assert signal_store.snapshot(KEY, now=T0, stale_after_s=30).shared_waiting is None
+    only_a = messages.shared_queue_keys(("gateway",))
+    assert signal_store.snapshot(KEY, now=T0, stale_after_s=30,
+                                 shared_sources=only_a).shared_waiting == fresh(120.0, 1.0)
 
 
 def test_a_full_series_refuses_new_sources_and_keeps_the_known_ones() -> None:
