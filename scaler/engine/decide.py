@@ -645,7 +645,6 @@ def limit_backlog(draft: Draft) -> str:
             or not recommend.overloaded(spec, snapshot=snapshot, ready=cluster.ready)):
         return "no backlog cap"
     need = rate.value * per_rate
-    # The replicas there are without a node: ready, starting, and those fitting on free GPUs.
     no_node = _without_a_node(cluster)
     full_speed = no_node / _target(spec)
     spare_rate = (full_speed - need) / per_rate          # requests/s beyond the arrivals
