@@ -146,12 +146,19 @@ def uncapped_desired(decision: types.Decision) -> int:
 
 def ask_of(policy: model.ScalePolicy, decision: types.Decision, *, now: float) -> Ask:
     """A model's ask from its policy and latest decision (floor taken at `now`)."""
+    return ask_from(policy, desired=uncapped_desired(decision), current=decision.current,
+                    now=now)
+
+
+def ask_from(policy: model.ScalePolicy, *, desired: int, current: int, now: float) -> Ask:
+    """A model's ask from its policy and the numbers of a decision (`ask_of`; another
+    shard's decision, sent as numbers: the service's relay)."""
     spec = engine_spec.resolve(policy)
     pool = policy.spec.node_pool
     return Ask(key=policy.key, pool=None if pool is None else pool.name,
                tier=policy.spec.tier, tenant=policy.tenant, cost_center=policy.cost_center,
                gpus_per_replica=spec.gpus_per_replica, floor=spec.floor_at(now)[0],
-               desired=uncapped_desired(decision), current=decision.current)
+               desired=desired, current=current)
 
 
 @dataclass(slots=True, eq=False)

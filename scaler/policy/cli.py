@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from scaler.core import schema as core_schema
-from scaler.policy import fleet, lint, loader, model
+from scaler.policy import fleet, lint, loader, model, shards
 
 SchemaDocument = Callable[[], dict[str, Any]]
 
@@ -36,6 +36,13 @@ def register(
         "in it).")
     validate.add_argument("paths", nargs="+", type=Path, metavar="PATH")
     validate.add_argument("--json", action="store_true", help="machine-readable output")
+    validate.add_argument("--shards", type=int, metavar="N",
+                          help="also say what each of N shards would evaluate and arbitrate "
+                          "(sharding.shards; docs/scaling.md)")
+    validate.add_argument("--max-domain-models", type=int, metavar="M",
+                          default=shards.DEFAULT_MAX_DOMAIN_MODELS,
+                          help="with --shards: split domains of more models "
+                          "(sharding.max_domain_models; default %(default)s)")
     validate.set_defaults(handler=_validate)
 
     schema = subparsers.add_parser(
@@ -60,6 +67,11 @@ def _validate(args: argparse.Namespace) -> int:
     warned = [text for item in result.loaded for text in lint.warnings(item.policy)]
     fleet_items: list[loader.Loaded[fleet.GpuPool] | loader.Loaded[fleet.GpuBudget]] = [
         *result.pools, *result.budgets]
+    if args.shards is not None and args.shards < 1:
+        print("--shards must be at least 1", file=sys.stderr)
+        return 2
+    sharding = None if args.shards is None else _shards(result, count=args.shards,
+                                                        max_domain_models=args.max_domain_models)
     if args.json:
         json.dump({
             "valid": [{"policy": item.policy.key, "path": item.path, "document": item.document}
@@ -68,6 +80,7 @@ def _validate(args: argparse.Namespace) -> int:
                        "document": item.document} for item in fleet_items],
             "errors": [e.as_dict() for e in errors],
             "warnings": warned,
+            **({} if sharding is None else {"sharding": sharding}),
         }, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
@@ -83,7 +96,46 @@ def _validate(args: argparse.Namespace) -> int:
         print(f"{len(result.loaded)} valid, {len(errors)} error(s)"
               + (f"; {len(result.pools)} GpuPool(s), {len(result.budgets)} GpuBudget(s)"
                  if fleet_items else ""))
+        if sharding is not None:
+            _print_shards(sharding)
     return 1 if errors else 0
+
+
+def _shards(result: loader.LoadResult, *, count: int, max_domain_models: int
+            ) -> dict[str, Any]:
+    """What each of `count` shards would do with the valid documents (`shards.split`)."""
+    policies = [item.policy for item in result.loaded]
+    pools = fleet.fleet_of(result)
+    parts = shards.split(policies, pools, shards=count, max_domain_models=max_domain_models)
+    named = shards.domains(policies, pools)
+    return {
+        "shards": count, "max_domain_models": max_domain_models,
+        "domains": [{"domain": domain, "models": size,
+                     "split": size > max_domain_models,
+                     "arbiter": shards.owner(domain, shards=count)}
+                    for domain, size in shards.sizes(policies, named).items()],
+        "by_shard": [{"shard": index, "models": sorted(part.models),
+                      "pools": sorted(part.pools), "budgets": sorted(part.budgets),
+                      "arbitrated_elsewhere": dict(sorted(part.remote.items())),
+                      "arbitrated_here_for_others": dict(sorted(part.foreign.items()))}
+                     for index, part in enumerate(parts)],
+    }
+
+
+def _print_shards(sharding: dict[str, Any]) -> None:
+    domains = sharding["domains"]
+    split = [d for d in domains if d["split"]]
+    largest = domains[0] if domains else None
+    print(f"{sharding['shards']} shard(s): {len(domains)} domain(s)"
+          + (f", the largest {largest['domain']} with {largest['models']} model(s)"
+             if largest else "")
+          + (f"; {len(split)} split by model (over {sharding['max_domain_models']} models)"
+             if split else ""))
+    for part in sharding["by_shard"]:
+        print(f"shard {part['shard']}: {len(part['models'])} model(s) "
+              f"({len(part['arbitrated_elsewhere'])} arbitrated by other shards), "
+              f"{len(part['pools'])} GpuPool(s), {len(part['budgets'])} GpuBudget(s), "
+              f"arbitrates {len(part['arbitrated_here_for_others'])} model(s) of others")
 
 
 def _nothing_found(paths: list[Path], result: loader.LoadResult) -> list[loader.PolicyError]:

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 
 from scaler.core import vocabulary
 from scaler.engine import fleet as engine_fleet
+from scaler.engine import nodes as engine_nodes
 from scaler.engine import spec as engine_spec
 from scaler.engine import types
 from scaler.engine import variants as engine_variants
@@ -28,6 +30,27 @@ from scaler.policy import fleet as policy_fleet
 from scaler.policy import model
 
 AWAITING = "awaiting the fleet's first arbitration: held at what it has"
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteAsk:
+    """What a model of a split domain sends its domain's arbiter (another shard): the
+    decision's numbers only; the arbiter reads tier, tenant, pool and floor from its own
+    copy of the policy (every shard loads every file), never from the wire.
+
+    desired: replicas before any fleet cap (`engine.fleet.uncapped_desired`); current:
+    replicas held; replicas, forecast_replicas: its node pool demand
+    (`engine.nodes.pool_demand`); excluded_gpus: GPUs of its pool the latest read
+    excluded (unhealthy, NotReady); at: the decision's time.
+    """
+
+    key: str
+    desired: int
+    current: int
+    replicas: int
+    forecast_replicas: int
+    excluded_gpus: int
+    at: float
 
 
 class Arbiter:
@@ -46,14 +69,40 @@ class Arbiter:
         self._owners: dict[str, dict[str, str]] = {}
         self._owners_checked: dict[str, float] = {}
         self.arbitrations = 0
+        # With several shards, for split domains (`policy.shards`): own models another
+        # shard arbitrates, their latest grant from it, and the asks still to send; other
+        # shards' models arbitrated here (their policies) and their node pool demands.
+        self._remote: frozenset[str] = frozenset()
+        self._remote_grants: dict[str, engine_fleet.Grant] = {}
+        self.outbox: dict[str, RemoteAsk] = {}
+        self._foreign: dict[str, model.ScalePolicy] = {}
+        self._foreign_asks: dict[str, RemoteAsk] = {}
+        self._foreign_on: dict[str, list[str]] = {}
 
     @property
     def active(self) -> bool:
-        """Whether any GpuPool or GpuBudget is in force (else every model passes through)."""
-        return bool(self._fleet.pools or self._budgets)
+        """Whether any GpuPool or GpuBudget is in force, or another shard arbitrates a
+        model here (else every model passes through)."""
+        return bool(self._fleet.pools or self._budgets or self._remote)
 
-    def set_fleet(self, fleet: policy_fleet.Fleet, *, keys: Collection[str]) -> None:
-        """The pools and budgets in force, and the models that remain (others are forgotten)."""
+    def set_fleet(self, fleet: policy_fleet.Fleet, *, keys: Collection[str],
+                  remote: Collection[str] = (),
+                  foreign: Mapping[str, model.ScalePolicy] | None = None) -> None:
+        """The pools and budgets in force, and the models that remain (others are
+        forgotten). With several shards: `remote`, the own models another shard
+        arbitrates; `foreign`, other shards' models arbitrated here, by key."""
+        self._remote = frozenset(remote)
+        self._remote_grants = {k: g for k, g in self._remote_grants.items()
+                               if k in self._remote}
+        self.outbox = {k: a for k, a in self.outbox.items() if k in self._remote}
+        self._foreign = dict(foreign or {})
+        self._foreign_asks = {k: a for k, a in self._foreign_asks.items()
+                              if k in self._foreign}
+        self._foreign_on = {}  # node pool -> its foreign models, by key
+        for key, policy in sorted(self._foreign.items()):
+            if policy.spec.node_pool is not None:
+                self._foreign_on.setdefault(policy.spec.node_pool.name, []).append(key)
+        keys = set(keys) | set(self._foreign_asks)
         self._fleet = fleet
         self._budgets = tuple(engine_fleet.budget_rule(b) for _, b in sorted(fleet.budgets.items()))
         self._excluded = {name: n for name, n in self._excluded.items() if name in fleet.pools}
@@ -75,11 +124,13 @@ class Arbiter:
         """
         if not self.active or policy.spec.variants:  # variants: the mix is capped instead
             return cluster
-        grant = self._grants.get(policy.key)
+        remote = policy.key in self._remote
+        grant = (self._remote_grants if remote else self._grants).get(policy.key)
         spec = engine_spec.resolve(policy)
         floor_gpus = spec.floor_at(now)[0] * spec.gpus_per_replica
         if grant is None:
-            if self._fleet.pool_of(policy) is None and not self._fleet.budgets_of(policy):
+            if not remote and (self._fleet.pool_of(policy) is None
+                               and not self._fleet.budgets_of(policy)):
                 return cluster
             cap, reason = max(cluster.current * spec.gpus_per_replica, floor_gpus), AWAITING
         elif grant.cap_gpus is None:
@@ -90,8 +141,18 @@ class Arbiter:
 
     def record(self, policy: model.ScalePolicy, decision: types.Decision,
                cluster: types.ClusterState, *, now: float) -> bool:
-        """Keep a decision's ask; True when it differs from the last one (re-arbitrate)."""
+        """Keep a decision's ask; True when it differs from the last one (re-arbitrate).
+        The ask of a model another shard arbitrates goes to the outbox instead (sent by
+        `service.relay`): False."""
         if not self.active:
+            return False
+        if policy.key in self._remote:
+            demand = engine_nodes.pool_demand(policy, decision)
+            self.outbox[policy.key] = RemoteAsk(
+                key=policy.key, desired=engine_fleet.uncapped_desired(decision),
+                current=decision.current, replicas=demand.replicas,
+                forecast_replicas=demand.forecast_replicas,
+                excluded_gpus=cluster.excluded_gpus, at=decision.at)
             return False
         pool = policy.spec.node_pool
         if pool is not None and pool.name in self._fleet.pools:
@@ -233,6 +294,62 @@ class Arbiter:
                     parts.append(f"{option.name} fills pool {pool.name}: "
                                  f"{count * option.gpus_per_replica} of {grantable} GPUs")
         return "; ".join(parts)
+
+    def put_foreign(self, ask: RemoteAsk, *, now: float) -> bool:
+        """Another shard's ask for a model arbitrated here; True when arbitration must run
+        again (the ask or its pool's excluded GPUs changed). A model not arbitrated here
+        is refused with ValueError, as is one older than the last ask kept."""
+        policy = self._foreign.get(ask.key)
+        if policy is None:
+            raise ValueError(f"{ask.key} is not arbitrated here")
+        previous = self._foreign_asks.get(ask.key)
+        if previous is not None and previous.at > ask.at:
+            raise ValueError(f"{ask.key}: an ask older than the last one")
+        self._foreign_asks[ask.key] = ask
+        pool = policy.spec.node_pool
+        excluded_moved = False
+        if pool is not None and pool.name in self._fleet.pools:
+            excluded_moved = self._excluded.get(pool.name) != ask.excluded_gpus
+            self._excluded[pool.name] = ask.excluded_gpus
+        arbitrated = engine_fleet.ask_from(policy, desired=ask.desired, current=ask.current,
+                                           now=now)
+        changed = self._asks.get(ask.key) != arbitrated
+        self._asks[ask.key] = arbitrated
+        return changed or excluded_moved
+
+    def foreign_grants(self) -> dict[str, engine_fleet.Grant]:
+        """The last arbitration's grants of other shards' models, by key."""
+        return {key: grant for key, grant in self._grants.items() if key in self._foreign}
+
+    def foreign_policy(self, key: str) -> model.ScalePolicy | None:
+        """The policy of another shard's model arbitrated here (None: not one)."""
+        return self._foreign.get(key)
+
+    def foreign_demands(self, pool: str) -> tuple[model.ScalePolicy | None,
+                                                  list[types.PoolDemand]]:
+        """Other shards' models on node pool `pool` arbitrated here: the first of their
+        policies by key (its nodePool settings plan the pool when no own model names
+        it), and each one's demand from its latest ask."""
+        keys = self._foreign_on.get(pool, [])
+        first = self._foreign[keys[0]] if keys else None
+        demands = []
+        for key in keys:
+            policy, ask = self._foreign[key], self._foreign_asks.get(key)
+            if ask is None:
+                continue
+            demands.append(types.PoolDemand(
+                model=key, gpus_per_replica=policy.spec.resources.gpus_per_replica,
+                replicas=ask.replicas, forecast_replicas=ask.forecast_replicas))
+        return first, demands
+
+    def put_remote_grant(self, grant: engine_fleet.Grant) -> bool:
+        """The arbiter shard's grant for an own model of a split domain; True when its
+        cap changed (evaluate it again). A model not arbitrated elsewhere: ValueError."""
+        if grant.key not in self._remote:
+            raise ValueError(f"{grant.key} is not arbitrated by another shard")
+        previous = self._remote_grants.get(grant.key)
+        self._remote_grants[grant.key] = grant
+        return previous is None or previous.cap_gpus != grant.cap_gpus
 
     def asks(self) -> list[engine_fleet.Ask]:
         """The latest ask of every model recorded, by key."""

@@ -8,10 +8,11 @@ pods (AverageValue target) the `value` of every item returned.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -65,30 +66,57 @@ class MetricPoint:
     produced_at: float
 
 
-def metric_point(
-    metric: str, status: service_state.ModelStatus, now: float
-) -> MetricPoint | str:
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What the API serves of one model: its latest decision's desired replicas and the
+    signals it read, with when each was produced. Built from this instance's state
+    (`served_of`) or, with several shards, relayed from the shard that owns the model
+    (`service.relay`)."""
+
+    key: str
+    namespace: str
+    labels: Mapping[str, str]
+    stale_after_s: float
+    desired: int | None = None  # None: no decision yet
+    decided_at: float = 0.0
+    points: Mapping[str, MetricPoint] = field(default_factory=dict)  # by signal metric name
+
+
+def served_of(status: service_state.ModelStatus) -> Served:
+    """The model's served values from its latest decision. A signal's sample was `age_s`
+    old when the snapshot was taken at `last.at`: it was produced at `last.at - age_s`."""
+    policy, last = status.policy, status.last
+    served = Served(key=status.key, namespace=policy.metadata.namespace, labels=status.labels,
+                    stale_after_s=policy.spec.stale_after_seconds)
+    if last is None:
+        return served
+    points = {}
+    for metric, signal in SERVED_SIGNALS.items():
+        value: types.SignalValue | None = last.snapshot.get(signal)
+        if value is not None and math.isfinite(value.value):
+            points[metric] = MetricPoint(value.value, last.at - value.age_s)
+    return dataclasses.replace(served, desired=last.decision.desired,
+                               decided_at=last.decision.at, points=points)
+
+
+def metric_point(metric: str, served: Served, now: float) -> MetricPoint | str:
     """The model's current value of `metric`, or why there is none.
 
     Signals older than the policy's staleAfterSeconds are not served: an HPA fed a stale
     queue depth would act on it, and stale data must never scale (DESIGN 3.5). A 404
     makes the HPA keep the current replicas instead.
     """
-    last = status.last
-    if last is None:
+    if served.desired is None:
         return "no decision yet"
     if metric == DESIRED_REPLICAS:
-        return MetricPoint(float(last.decision.desired), last.decision.at)
-    signal: types.SignalValue | None = last.snapshot.get(SERVED_SIGNALS[metric])
-    if signal is None or not math.isfinite(signal.value):
+        return MetricPoint(float(served.desired), served.decided_at)
+    point = served.points.get(metric)
+    if point is None:
         return "no value"
-    # The sample was `age_s` old when the snapshot was taken at `last.at`; it has aged since.
-    produced_at = last.at - signal.age_s
-    age = now - produced_at
-    stale_after = status.policy.spec.stale_after_seconds
-    if age > stale_after:
-        return f"stale ({age:.0f} s old, staleAfterSeconds {stale_after:g})"
-    return MetricPoint(signal.value, produced_at)
+    age = now - point.produced_at
+    if age > served.stale_after_s:
+        return f"stale ({age:.0f} s old, staleAfterSeconds {served.stale_after_s:g})"
+    return point
 
 
 def status_object(*, code: int, reason: str, message: str,
@@ -139,9 +167,12 @@ def api_group() -> dict[str, Any]:
 
 def external_metric_value_list(
     *, state: service_state.ServiceState, namespace: str, metric: str, label_selector: str,
-    now: float,
+    now: float, relayed: Mapping[str, Served] | None = None,
 ) -> tuple[int, dict[str, Any]]:
-    """(HTTP status, body) for one HPA request: a list, or a Status saying why not."""
+    """(HTTP status, body) for one HPA request: a list, or a Status saying why not.
+
+    `relayed`: with several shards, the models other shards own, by key (this instance's
+    own models come from `state`, and win where both have a key)."""
     metric_name = metric.lower()
     if metric_name not in METRIC_NAMES:
         return 404, status_object(
@@ -154,10 +185,12 @@ def external_metric_value_list(
         selector = selectors.parse_selector(label_selector)
     except ValueError as exc:
         return 400, status_object(code=400, reason="BadRequest", message=str(exc))
-    matched = [
-        status for status in state.statuses()
-        if status.policy.metadata.namespace == namespace and selector.matches(status.labels)
-    ]
+    served = {key: each for key, each in (relayed or {}).items()
+              if each.namespace == namespace and selector.matches(each.labels)}
+    for status in state.statuses():
+        if status.policy.metadata.namespace == namespace and selector.matches(status.labels):
+            served[status.key] = served_of(status)
+    matched = list(served.values())
     if not matched:
         return 404, status_object(
             code=404, reason="NotFound",
@@ -167,14 +200,14 @@ def external_metric_value_list(
         )
     items = []
     missing = []
-    for status in sorted(matched, key=lambda s: s.key):
-        point = metric_point(metric_name, status, now)
+    for each in sorted(matched, key=lambda s: s.key):
+        point = metric_point(metric_name, each, now)
         if isinstance(point, str):
-            missing.append(f"{status.key}: {point}")
+            missing.append(f"{each.key}: {point}")
             continue
         items.append({
             "metricName": metric_name,
-            "metricLabels": status.labels,
+            "metricLabels": dict(each.labels),
             "timestamp": timefmt.rfc3339(point.produced_at),
             "value": quantity(point.value),
         })
@@ -231,10 +264,12 @@ class MetricsApi:
     """
 
     def __init__(self, state: service_state.ServiceState, *, clock: Callable[[], float],
-                 gate: authn.Gate | None = None) -> None:
+                 gate: authn.Gate | None = None,
+                 relayed: Callable[[], Mapping[str, Served]] | None = None) -> None:
         self._state = state
         self._clock = clock
         self._gate = gate
+        self._relayed = relayed
 
     @web.middleware
     async def _counted(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -305,6 +340,7 @@ class MetricsApi:
             metric=request.match_info["metric"],
             label_selector=request.query.get("labelSelector", ""),
             now=self._clock(),
+            relayed=self._relayed() if self._relayed is not None else None,
         )
         return web.json_response(body, status=code)
 

@@ -289,10 +289,10 @@ def _service(state: service_state.ServiceState, g: Families) -> None:
     for result, count in sorted(state.reloads.items()):
         reloads.add_metric([result], count)
     leader = g.gauge("scaler_leader",
-                     "1 when this replica holds the Lease, 0 when not (absent: unknown).",
-                     [])
+                     "1 when this replica holds its shard's Lease, 0 when not (absent: "
+                     "unknown); shard: sharding.shard (0 with one shard).", ["shard"])
     if state.leader is not None:
-        leader.add_metric([], 1.0 if state.leader else 0.0)
+        leader.add_metric([str(state.shard)], 1.0 if state.leader else 0.0)
     ready = g.gauge("scaler_ready", "1 when policies are loaded and leadership known.", [])
     ready.add_metric([], 1.0 if state.ready else 0.0)
     nodes_wanted = g.gauge("scaler_pool_nodes_wanted",

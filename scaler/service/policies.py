@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from scaler.policy import fleet, loader
+from scaler.policy import fleet, loader, shards
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,17 @@ def merge(previous: Mapping[str, loader.LoadedPolicy], result: loader.LoadResult
             log.warning("%s: the new version is invalid; the last good one stays", what)
     return PolicySet(policies=policies, kept=tuple(kept), errors=tuple(result.errors),
                      pools=pools, budgets=budgets)
+
+
+def only(policy_set: PolicySet, share: shards.Share) -> PolicySet:
+    """The part of `policy_set` one shard evaluates: its models, pools and budgets (the
+    load's errors stay whole: every shard reads every file)."""
+    return dataclasses.replace(
+        policy_set,
+        policies={k: v for k, v in policy_set.policies.items() if k in share.models},
+        kept=tuple(key for key in policy_set.kept if key in share.models),
+        pools={k: v for k, v in policy_set.pools.items() if k in share.pools},
+        budgets={k: v for k, v in policy_set.budgets.items() if k in share.budgets})
 
 
 def fingerprint(

@@ -156,6 +156,9 @@ class Reactor:
         # Node pools: actuator per NodePool.actuator kind ('placeholder', 'clusterapi').
         self.pool_actuators = dict(pool_actuators or {})
         self._pools = Coalescer(self._plan, delay_s=coalesce_s, task_prefix="pool")
+        # With several shards, the node pools this shard plans (its arbitration domains');
+        # None: every pool its models name.
+        self.planned_pools: frozenset[str] | None = None
         self._pool_applied: dict[str, tuple[types.NodePlan, float]] = {}
         # The fleet: one arbitration over every model's latest ask (scaler.service.arbiter).
         self.arbiter = fleet_arbiter.Arbiter()
@@ -165,16 +168,20 @@ class Reactor:
     # -- inputs -------------------------------------------------------------------------
 
     def set_policies(self, policies: Mapping[str, model.ScalePolicy], *,
-                     fleet: policy_fleet.Fleet | None = None) -> None:
+                     fleet: policy_fleet.Fleet | None = None, remote: Collection[str] = (),
+                     foreign: Mapping[str, model.ScalePolicy] | None = None) -> None:
         """Swap the policy set (and the GpuPools and GpuBudgets in force); models whose
-        policy changed or appeared are evaluated.
+        policy changed or appeared are evaluated. With several shards: `remote`, own
+        models another shard arbitrates; `foreign`, other shards' models arbitrated here
+        (`Arbiter.set_fleet`).
 
         Engine state survives a policy edit (the windows are still evidence); a removed
         model's state goes.
         """
         previous = self._policies
         self._policies = dict(policies)
-        self.arbiter.set_fleet(fleet or policy_fleet.Fleet(), keys=self._policies)
+        self.arbiter.set_fleet(fleet or policy_fleet.Fleet(), keys=self._policies,
+                               remote=remote, foreign=foreign)
         if self.arbiter.active:
             self._fleet.poke("fleet")
         for key in list(self._engine):
@@ -192,6 +199,19 @@ class Reactor:
     def notify_all(self) -> None:
         for key in list(self._policies):
             self.notify(key)
+
+    def foreign_asked(self, policy: model.ScalePolicy) -> None:
+        """Another shard's model arbitrated here asked anew (`service.relay`): arbitrate
+        again, and plan its node pool again (when an actuator of its kind runs)."""
+        self._fleet.poke("fleet")
+        for pool_name in service_variants.planned_pools(policy,
+                                                        actuators_by_kind=self.pool_actuators):
+            if self._plans(pool_name):
+                self._pools.poke(pool_name)
+
+    def _plans(self, pool: str) -> bool:
+        """Whether this shard plans the node pool (every pool, with one shard)."""
+        return self.planned_pools is None or pool in self.planned_pools
 
     # -- evaluation ---------------------------------------------------------------------
 
@@ -286,7 +306,8 @@ class Reactor:
                             "reason": reason})
         for pool_name in service_variants.planned_pools(policy,
                                                         actuators_by_kind=self.pool_actuators):
-            self._pools.poke(pool_name)
+            if self._plans(pool_name):
+                self._pools.poke(pool_name)
         if self.audit is not None:
             status = self.state.status(key)
             if status is not None:
@@ -368,9 +389,18 @@ class Reactor:
         backstop interval: often enough to repair drift (a deleted placeholder
         Deployment), rarely enough not to read the API on every sample.
         """
-        # Each model's demand, a model with variants by each variant on this pool.
+        # Each model's demand, a model with variants by each variant on this pool, and
+        # those of other shards' models this shard arbitrates (their latest asks).
         members = service_variants.pool_members(self.state.statuses(), name,
                                                 pools=self.arbiter.fleet.pools)
+        named, foreign = self.arbiter.foreign_demands(name)
+        if foreign and named is not None and named.spec.node_pool is not None:
+            if members is None:
+                members = service_variants.PoolMembers(
+                    pool=named.spec.node_pool,
+                    resource_name=named.spec.resources.resource_name, demands=())
+            members = dataclasses.replace(members, demands=tuple(sorted(
+                [*members.demands, *foreign], key=lambda demand: demand.model)))
         if members is None:
             return None
         pool = members.pool

@@ -28,7 +28,7 @@ from scaler.actuators import resources as kube_resources
 from scaler.actuators import settings as kube_settings
 from scaler.core import vocabulary
 from scaler.engine import spare, types
-from scaler.policy import model
+from scaler.policy import model, shards
 from scaler.service import audit as audit_log
 from scaler.service import (
     authn,
@@ -38,6 +38,7 @@ from scaler.service import (
     observability,
     policies,
     reactor,
+    relay,
     tasks,
     tls,
     web,
@@ -77,6 +78,22 @@ def tune_collector() -> None:
     the loop 20 to 90 ms under load (bench/signals_ingest.py)."""
     gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+
+
+def for_shard(kube: kube_settings.KubeSettings, assignment: shards.Assignment
+              ) -> kube_settings.KubeSettings:
+    """The Kubernetes settings of one shard: its own Lease (`<name>-shard-<k>`), so each
+    shard elects its own leader, and so its own learned-state ConfigMap (named after the
+    Lease unless named: then that name gets the suffix too). One shard: unchanged."""
+    if not assignment.sharded:
+        return kube
+    suffix = f"-shard-{assignment.shard}"
+    learned = kube.learned_state
+    if learned.name is not None:
+        learned = learned.model_copy(update={"name": learned.name + suffix})
+    return kube.model_copy(update={
+        "lease": kube.lease.model_copy(update={"name": kube.lease.name + suffix}),
+        "learned_state": learned})
 
 
 def default_identity() -> str:
@@ -179,12 +196,16 @@ class Service:
         drain_timeout_s: float = 10.0,
         backend: ClusterBackend | None = None,
     ) -> None:
-        self.settings = settings
+        self.assignment = shards.Assignment(shard=settings.sharding.shard,
+                                            shards=settings.sharding.shards)
+        self.settings = settings.model_copy(
+            update={"kube": for_shard(settings.kube, self.assignment)})
         self.backend = backend
         self.wall_clock = wall_clock
         self.identity = identity or default_identity()
         self.drain_timeout_s = drain_timeout_s
         self.state = service_state.ServiceState()
+        self.state.shard = self.assignment.shard
         self.store = store.SignalStore(limits=settings.signals.store_limits())
         self.supervisor = tasks.Supervisor()
         self.http: web.RunningServer | None = None
@@ -199,6 +220,11 @@ class Service:
         self._learned_written: tuple[dict[str, types.Learned], dict[str, str]] | None = None
         self._learned_written_at = float("-inf")
         self.gpu_telemetry: prometheus.GpuTelemetryPoller | None = None
+        # The model keys this shard evaluates (with several shards, the others' resource
+        # statuses are left to their shards), and what it tells the other shards and
+        # hears from them (`service.relay`; None with one shard).
+        self.owned: frozenset[str] = frozenset()
+        self.relay: relay.ShardRelay | None = None
 
     # -- start --------------------------------------------------------------------------
 
@@ -243,8 +269,11 @@ class Service:
                 limits=limits.message_limits())
         self.sources = registry.build(registry.SourceSettings(
             nats=group, prometheus=settings.prometheus, push=push,
+            # A shard subscribes to its own models' subjects only, so NATS routes each
+            # message to the shard that owns it (docs/scaling.md).
             subscribe=nats_core.NatsCoreConfig(prefix=group.subject_prefix,
-                                               wildcard=group.wildcard,
+                                               wildcard=group.wildcard
+                                               and not self.assignment.sharded,
                                                queue_group=group.queue_group,
                                                limits=limits.message_limits())),
             clock=self.wall_clock)
@@ -253,6 +282,15 @@ class Service:
             self.state.add_source_health(each.name, _health(each.stats))
         # Samples the store refused (a full model refuses new sources), beside the drops.
         self.state.add_drop_counter("store", lambda: dict(self.store.refused))
+        if self.assignment.sharded:
+            self.relay = relay.ShardRelay(
+                group, prefix=settings.sharding.subject_prefix, assignment=self.assignment,
+                state=self.state, leading=lambda: bool(self.state.leader),
+                arbitration=relay.Arbitration(self.reactor.arbiter, notify=self.reactor.notify,
+                                              foreign_asked=self.reactor.foreign_asked),
+                clock=self.wall_clock)
+            self.state.add_drop_counter(relay.MEMBER, _dropped(self.relay.stats))
+            self.state.add_source_health(relay.MEMBER, _health(self.relay.stats))
 
         await self._serve()
         if backend.learned is not None:
@@ -273,6 +311,8 @@ class Service:
             start(_task_name(each), each.run(self.store))
         if self.gpu_telemetry is not None:
             start("dcgm-telemetry", self.gpu_telemetry.run())
+        if self.relay is not None:
+            start(relay.MEMBER, self.relay.run())
         if backend.learned is not None:
             start("learned-state", self._keep_learned(backend.learned))
         start("policy-watcher", self.watcher.run())
@@ -331,7 +371,9 @@ class Service:
                                                ssl_context=http_context)
         if settings.metrics_api.enabled:
             gate = await self._gate()
-            api = metrics_api.MetricsApi(self.state, clock=self.wall_clock, gate=gate)
+            api = metrics_api.MetricsApi(
+                self.state, clock=self.wall_clock, gate=gate,
+                relayed=self.relay.relayed if self.relay is not None else None)
             context = tls.server_context(await self._certificate(),
                                          client_cas=gate.trust.ca_bundle if gate else "")
             self.metrics_api = await web.serve(
@@ -354,7 +396,20 @@ class Service:
         return await tls.self_signed(self._cert_dir, hosts=group.self_signed_hosts)
 
     async def _apply_policies(self, policy_set: policies.PolicySet) -> None:
-        """Hand a new policy set to every part that depends on it."""
+        """Hand a new policy set to every part that depends on it (with several shards,
+        the part this shard evaluates)."""
+        every = {key: item.policy for key, item in policy_set.policies.items()}
+        share = None
+        if self.assignment.sharded:
+            share = shards.share(every.values(), policy_set.fleet, self.assignment,
+                                 max_domain_models=self.settings.sharding.max_domain_models)
+            policy_set = policies.only(policy_set, share)
+            log.info("shard %d of %d: %d models (%d arbitrated by other shards), %d pools, "
+                     "%d budgets, %d other shards' models arbitrated here",
+                     self.assignment.shard, self.assignment.shards, len(share.models),
+                     len(share.remote), len(share.pools), len(share.budgets),
+                     len(share.foreign))
+        self.owned = frozenset(policy_set.policies)
         loaded = list(policy_set.policies.values())
         in_force = [item.policy for item in loaded]
         previous = set(self.state.keys())
@@ -371,8 +426,13 @@ class Service:
             await each.update(in_force)
         if self.backend is not None and self.backend.update is not None:
             await self.backend.update(in_force)
-        self.reactor.set_policies({policy.key: policy for policy in in_force},
-                                  fleet=policy_set.fleet)
+        self.reactor.planned_pools = None if share is None else share.node_pools
+        self.reactor.set_policies(
+            {policy.key: policy for policy in in_force}, fleet=policy_set.fleet,
+            remote=() if share is None else share.remote,
+            foreign=None if share is None else {key: every[key] for key in share.foreign})
+        if self.relay is not None:
+            self.relay.share = share
         announce = self.backend.announce if self.backend is not None else None
         for key in policy_set.kept:
             policy = self.state.policy(key)
@@ -415,9 +475,15 @@ class Service:
             await asyncio.sleep(self.settings.engine.backstop_tick_seconds)
             current = self.watcher.current
             by_path = {item.path: item.policy for item in current.policies.values()}
+            # With several shards each writes its own models' statuses; the first also
+            # those of resources that are no model (invalid) and of pools and budgets.
+            first = self.assignment.shard == 0
             for path, obj in resources.objects().items():
                 meta = obj.get("metadata") or {}
                 policy = by_path.get(path)
+                owned = policy.key in self.owned if policy is not None else first
+                if not owned:
+                    continue
                 status = self.state.status(policy.key) if policy is not None else None
                 # Its own errors, and a collision it won (the other side names it).
                 problems = [error for error in current.errors if error.path == path or (
@@ -435,7 +501,7 @@ class Service:
             # GpuPools and GpuBudgets: their Valid condition (cluster-scoped: no Events).
             in_force = ({item.path for item in current.pools.values()}
                         | {item.path for item in current.budgets.values()})
-            for path, (kind, obj) in resources.fleet_objects().items():
+            for path, (kind, obj) in (resources.fleet_objects().items() if first else ()):
                 meta = obj.get("metadata") or {}
                 body = conditions.fleet_status(
                     [error for error in current.errors if error.path == path],

@@ -14,6 +14,7 @@ from scaler.actuators import settings as kube_settings
 from scaler.core import schema as core_schema
 from scaler.core import settings as core_settings
 from scaler.policy import loader as policy_loader
+from scaler.policy import shards as policy_shards
 from scaler.service import tls
 from scaler.signals import connection, messages, store
 from scaler.signals import prometheus as prometheus_source
@@ -165,6 +166,45 @@ class EngineSettings(core_settings.Group):
     )
 
 
+class ShardingSettings(core_settings.Group):
+    """Several instances, each evaluating a share of the models (docs/scaling.md,
+    "Sharding across instances"): arbitration domains (models linked by the pools and
+    budgets they share) are hashed to shards, so every instance computes the same owner
+    from the same files; a domain of more than `max_domain_models` models is split by
+    model, its owner arbitrating for all of them. Each shard elects its own leader (the
+    Lease name gets `-shard-<shard>`) and subscribes to its own models' subjects; shards
+    exchange asks, grants and what the external metrics API serves over NATS under
+    `subject_prefix`."""
+
+    shards: int = Field(
+        default=1, ge=1, le=1024,
+        description="How many shards share the models. 1: one instance (with its "
+        "followers) evaluates every model.")
+    shard: int = Field(
+        default=0, ge=0,
+        description="Which shard this instance is, 0 .. shards - 1 (the Helm chart sets it "
+        "per shard Deployment).")
+    max_domain_models: int | None = Field(
+        default=policy_shards.DEFAULT_MAX_DOMAIN_MODELS, ge=1,
+        description="A domain with more models is split: each model is evaluated by the "
+        "shard its own key hashes to, and the domain's shard arbitrates every model's ask "
+        "(a round trip over NATS). None: a domain is never split. 500: well under what one "
+        "instance evaluates (docs/scaling.md), so a domain alone never fills a shard.")
+    subject_prefix: str = Field(
+        default="scaler.shards",
+        description="Shards talk on <prefix>.decisions.<namespace>.<model> (what the "
+        "external metrics API serves of a model, published by its shard's leader, so every "
+        "instance answers for every model), <prefix>.asks.<shard> (asks of a split domain's "
+        "models, to its arbiter) and <prefix>.grants.<shard> (the arbiter's grants back). "
+        "Grant publish on it to the scaler's NATS user alone.")
+
+    @model_validator(mode="after")
+    def _in_range(self) -> ShardingSettings:
+        if self.shard >= self.shards:
+            raise ValueError(f"shard {self.shard} is not below shards ({self.shards})")
+        return self
+
+
 class SignalLimitSettings(core_settings.Group):
     """How much of what arrives on the signal bus is believed and kept (bound at the edge).
 
@@ -308,6 +348,9 @@ class Settings(core_settings.RootSettings):
         description="Where ScalePolicy files are and how often they are checked for changes.")
     log: LogSettings = Field(
         default_factory=LogSettings, description="The service's own log: level and format.")
+    sharding: ShardingSettings = Field(
+        default_factory=ShardingSettings,
+        description="Several instances, each evaluating a share of the models.")
 
 
 def load_settings(

@@ -376,6 +376,7 @@ class ServiceState:
         self._load: PolicyLoadStatus | None = None
         self._reloads: collections.Counter[str] = collections.Counter()
         self._leader: bool | None = None
+        self.shard = 0  # which shard this instance is (sharding.shard), a label of /metrics
         self._drop_sources: dict[str, DropCounter] = {}
         self.deletion_costs: DropCounter = dict
         # The engine's learned state kept in a ConfigMap (scaler.service.learned): records

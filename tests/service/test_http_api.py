@@ -100,7 +100,7 @@ async def test_metrics_per_model(
     assert samples[("scaler_patches_total", model("llama-70b", outcome="conflict"))] == 1
     assert samples[("scaler_dropped_messages_total",
                     (("reason", "malformed"), ("source", "nats")))] == 3
-    assert samples[("scaler_leader", ())] == 1
+    assert samples[("scaler_leader", (("shard", "0"),))] == 1
     assert samples[("scaler_ready", ())] == 1
     assert samples[("scaler_policies_loaded", ())] == 4
     assert samples[("scaler_pool_nodes_wanted", (("pool", "h100"),))] == 5

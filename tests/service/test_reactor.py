@@ -304,6 +304,43 @@ async def test_node_pool_is_planned_from_every_model_in_it(
         await loop_reactor.drain(timeout_s=5.0)
 
 
+async def test_a_split_domain_pool_is_planned_by_its_arbiter_alone(
+    clock: FakeClock, cluster: FakeCluster
+) -> None:
+    # Shard A evaluates a and arbitrates the pool's domain; shard B evaluates b, whose
+    # asks reach A (`service.relay`). A plans the pool from both; B plans nothing.
+    signals = store.SignalStore()
+    a, b = pooled("a"), pooled("b")
+    pools = {"A": FakePool(), "B": FakePool()}
+    shards_ = {name: reactor.Reactor(
+        state=factories.loaded_state(own), store=signals, reader=cluster, actuator=cluster,
+        wall_clock=clock, backstop_s=5.0, pool_actuators={"placeholder": pools[name]})
+        for name, own in (("A", a), ("B", b))}
+    shards_["A"].planned_pools = frozenset({"h100"})
+    shards_["B"].planned_pools = frozenset()
+    shards_["A"].set_policies({a.key: a}, foreign={b.key: b})
+    shards_["B"].set_policies({b.key: b}, remote={b.key})
+    try:
+        signals.put([sample(clock=clock, source="p", in_flight=30.0, key=a.key),
+                     sample(clock=clock, source="p", in_flight=20.0, key=b.key)])
+        shards_["A"].notify(a.key)
+        shards_["B"].notify(b.key)
+        for each in shards_.values():
+            await each.idle()
+        [asked] = shards_["B"].arbiter.outbox.values()  # what B's relay sends A
+        assert (asked.key, asked.replicas) == (b.key, 2)
+        assert shards_["A"].arbiter.put_foreign(asked, now=clock())
+        shards_["A"].foreign_asked(b)
+        await shards_["A"].idle()
+        # a: 3 replicas, b: 2, of 8 GPUs each on 8-GPU nodes, plus one warm node.
+        last = pools["A"].plans[-1]
+        assert (last.nodes_for_replicas, last.nodes_wanted) == (5, 6)
+        assert pools["B"].plans == []
+    finally:
+        for each in shards_.values():
+            await each.drain(timeout_s=5.0)
+
+
 class FailingOnce:
     """The real store behind the reactor's seam, failing the next `failures` reads (as a
     bug in a snapshot or the engine would)."""
