@@ -118,13 +118,15 @@ def _weight(shard: int, domain: str) -> int:
     return int.from_bytes(digest, "big")
 
 
-def owner(domain: str, *, shards: int) -> int:
-    """The shard (0 .. shards - 1) that owns `domain`: the highest weight wins."""
+def owner(domain: str, *, shards: int, besides: int | None = None) -> int:
+    """The shard (0 .. shards - 1) that owns `domain` (or a model's key): the highest
+    weight wins, among the shards but `besides` when there are others."""
     if shards < 1:
         raise ValueError(f"shards must be at least 1, not {shards}")
     if shards == 1:
         return 0
-    return max(range(shards), key=lambda shard: _weight(shard, domain))
+    return max((shard for shard in range(shards) if shard != besides),
+               key=lambda shard: _weight(shard, domain))
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,9 +194,10 @@ def split(policies: Iterable[model.ScalePolicy], fleet: policy_fleet.Fleet, *,
 
     A domain goes whole to its owner, unless it has more than `max_domain_models` models
     (None: never): then each of its models is evaluated by the owner of the model's own
-    key, and the domain's owner arbitrates for all of them (one arbiter, so one
-    consistent view of the pools and budgets). A model with variants stays with the
-    arbiter: its mix is settled there.
+    key among the other shards, and the domain's owner arbitrates for all of them (one
+    arbiter, so one consistent view of the pools and budgets; it evaluates none of them,
+    since arbitrating the whole domain is its share of the work). A model with variants
+    stays with the arbiter: its mix is settled there.
     """
     policies = list(policies)
     named = domains(policies, fleet)
@@ -205,7 +208,7 @@ def split(policies: Iterable[model.ScalePolicy], fleet: policy_fleet.Fleet, *,
         label = member(MODEL, policy.key)
         domain = named[label]
         large = max_domain_models is not None and counts[domain] > max_domain_models
-        evaluator[policy.key] = (owner(label, shards=shards)
+        evaluator[policy.key] = (owner(label, shards=shards, besides=arbiter[domain])
                                  if large and not policy.spec.variants else arbiter[domain])
 
     def arbitrated(kind: str, shard: int) -> frozenset[str]:

@@ -187,7 +187,8 @@ class ShardingSettings(core_settings.Group):
     max_domain_models: int | None = Field(
         default=policy_shards.DEFAULT_MAX_DOMAIN_MODELS, ge=1,
         description="A domain with more models is split: each model is evaluated by the "
-        "shard its own key hashes to, and the domain's shard arbitrates every model's ask "
+        "shard its own key hashes to among the others, and the domain's shard arbitrates "
+        "every model's ask "
         "(a round trip over NATS). None: a domain is never split. 500: well under what one "
         "instance evaluates (docs/scaling.md), so a domain alone never fills a shard.")
     subject_prefix: str = Field(
