@@ -500,3 +500,137 @@ def test_push_on_its_own_port_admits_publishers_there_only() -> None:
     for obj in all_objects(rendered):
         if obj["apiVersion"] != CERT_MANAGER:
             kubernetes_validate.validate(obj, KUBE_VERSIONS[-1], strict=True)
+
+
+# -- sharding: a Deployment and a PDB per shard, one Service for every model ----------------
+
+SHARDED = {"sharding": {"shards": 3}}
+SHARD_LABEL = "scaler.io/shard"
+SHARD_ENV = "SCALER_SHARDING__SHARD"
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return selector.items() <= labels.items()
+
+
+def _env_values(deployment: dict[str, Any]) -> dict[str, str]:
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+def _without_shard(deployment: dict[str, Any]) -> dict[str, Any]:
+    """The pod spec with the shard's one difference (its env variable) taken out."""
+    spec: dict[str, Any] = json.loads(json.dumps(deployment["spec"]["template"]["spec"]))
+    (container,) = spec["containers"]
+    container["env"] = [e for e in container.get("env", []) if e["name"] != SHARD_ENV]
+    if not container["env"]:
+        del container["env"]
+    return spec
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_each_shard_is_its_own_deployment_of_the_same_pod(kube_version: str,
+                                                          tmp_path: Path) -> None:
+    rendered = render(SHARDED)
+    for obj in all_objects(rendered):
+        if obj["apiVersion"] != CERT_MANAGER:
+            kubernetes_validate.validate(obj, kube_version, strict=True)
+    deployments = rendered["deployment.yaml"]
+    assert [d["metadata"]["name"] for d in deployments] == [
+        "scaler-shard-0", "scaler-shard-1", "scaler-shard-2"]
+    pod_labels = [d["spec"]["template"]["metadata"]["labels"] for d in deployments]
+    assert [labels[SHARD_LABEL] for labels in pod_labels] == ["0", "1", "2"]
+    # The settings file says how many shards; each Deployment's env says which one.
+    settings_file = yaml.safe_load(rendered["configmap.yaml"][0]["data"]["settings.yaml"])
+    assert settings_file["sharding"] == {"shards": 3}
+    for shard, deployment in enumerate(deployments):
+        assert deployment["spec"]["replicas"] == 2  # a leader and a follower per shard
+        env = _env_values(deployment)
+        assert env == {SHARD_ENV: str(shard)}
+        loaded = settings_of(rendered, tmp_path, environ=env).sharding
+        assert (loaded.shards, loaded.shard) == (3, shard)
+        # Deployments never select each other's pods (each would fight over the others).
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        assert [_selects(selector, labels) for labels in pod_labels] == [
+            other == shard for other in range(3)]
+    # Beyond that, the pod is the unsharded one (the settings checksum aside).
+    unsharded = render()["deployment.yaml"][0]
+    assert all(_without_shard(d) == _without_shard(unsharded) for d in deployments)
+    # Any pod answers the metrics API for every model: the Service (so the APIService),
+    # the NetworkPolicy and the monitor select every shard's pods.
+    (service,) = rendered["service.yaml"]
+    (policy,) = rendered["networkpolicy.yaml"]
+    (monitor,) = render({**SHARDED, "monitoring": {"serviceMonitor": {
+        "enabled": True, "kind": "PodMonitor"}}})["servicemonitor.yaml"]
+    for selector in (service["spec"]["selector"], policy["spec"]["podSelector"]["matchLabels"],
+                     monitor["spec"]["selector"]["matchLabels"]):
+        assert all(_selects(selector, labels) for labels in pod_labels)
+
+
+def test_each_shard_has_its_own_disruption_budget() -> None:
+    budgets = render(SHARDED)["pdb.yaml"]
+    assert [b["metadata"]["name"] for b in budgets] == [
+        "scaler-shard-0", "scaler-shard-1", "scaler-shard-2"]
+    pod_labels = [d["spec"]["template"]["metadata"]["labels"]
+                  for d in render(SHARDED)["deployment.yaml"]]
+    for shard, budget in enumerate(budgets):
+        assert budget["spec"]["minAvailable"] == 1
+        assert [_selects(budget["spec"]["selector"]["matchLabels"], labels)
+                for labels in pod_labels] == [other == shard for other in range(3)]
+    # As unsharded: no budget for one pod a shard, nor when disabled.
+    assert render({**SHARDED, "replicaCount": 1}).get("pdb.yaml", []) == []
+    assert render({**SHARDED, "podDisruptionBudget": {"enabled": False}}).get(
+        "pdb.yaml", []) == []
+
+
+def test_one_shard_is_the_single_deployment(tmp_path: Path) -> None:
+    for values in ({}, {"sharding": {"shards": 1}}):
+        rendered = render(values)
+        (deployment,) = rendered["deployment.yaml"]
+        (budget,) = rendered["pdb.yaml"]
+        assert deployment["metadata"]["name"] == budget["metadata"]["name"] == "scaler"
+        assert SHARD_LABEL not in deployment["spec"]["template"]["metadata"]["labels"]
+        assert SHARD_LABEL not in budget["spec"]["selector"]["matchLabels"]
+        assert "env" not in deployment["spec"]["template"]["spec"]["containers"][0]
+        settings_file = rendered["configmap.yaml"][0]["data"]["settings.yaml"]
+        assert "sharding" not in yaml.safe_load(settings_file)
+        sharding = settings_of(rendered, tmp_path).sharding
+        assert (sharding.shards, sharding.shard) == (1, 0)
+
+
+def test_sharded_secret_env_keeps_the_secrets_beside_the_shard() -> None:
+    rendered = render({**SHARDED, "secrets": {"env": {
+        "nats.token": {"secretName": "t", "key": "k"}}}})
+    for shard, deployment in enumerate(rendered["deployment.yaml"]):
+        assert deployment["spec"]["template"]["spec"]["containers"][0]["env"] == [
+            {"name": "SCALER_NATS__TOKEN",
+             "valueFrom": {"secretKeyRef": {"name": "t", "key": "k"}}},
+            {"name": SHARD_ENV, "value": str(shard)}]
+
+
+def test_sharded_chart_lints_clean() -> None:
+    report = helm.lint(str(CHART), SHARDED, strict=True)
+    assert report["errors"] == [], report
+    assert [m for m in report["messages"] if m["severity"] >= 2] == [], report
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"sharding": {"shards": 0}}, "sharding.shards: 0 is not a whole number from 1 to 1024"),
+    ({"sharding": {"shards": 1025}}, "sharding.shards: 1025 is not"),
+    ({"sharding": {"shards": 2.5}}, "sharding.shards: 2.5 is not"),
+    ({"sharding": {"shards": "3"}}, 'sharding.shards: "3" is not'),
+    ({"settings": {"sharding": {"shards": 3}}}, "settings.sharding.shards: set sharding.shards"),
+    ({"settings": {"sharding": {"shard": 1}}}, "settings.sharding.shard: set sharding.shards"),
+], ids=["zero", "too-many", "fraction", "string", "shards-in-settings", "shard-in-settings"])
+def test_bad_shard_values_fail_with_what_to_set(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm.HelmError, match=message):
+        render(values)
+
+
+def test_the_most_shards_render() -> None:
+    # Rendered text, not parsed: 1024 Deployments take seconds through PyYAML.
+    rendered = helm.Chart.load(str(CHART)).render(
+        {"sharding": {"shards": 1024}}, name="scaler", namespace=NAMESPACE, is_install=True)
+    text = next(t for path, t in rendered.items() if path.endswith("/deployment.yaml"))
+    names = [line.split()[-1] for line in text.splitlines() if line.startswith("  name: ")]
+    assert names == [f"scaler-shard-{shard}" for shard in range(1024)]

@@ -19,6 +19,26 @@ app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* How many shards (sharding.shards), checked: an integer from 1 to 1024, as the
+service's sharding.shards is. */}}
+{{- define "scaler.shards" -}}
+{{- $n := dig "shards" 1 (default dict .Values.sharding) -}}
+{{- if or (kindIs "string" $n) (not (regexMatch "^[0-9]+$" (toString $n))) (lt (int $n) 1) (gt (int $n) 1024) -}}
+{{- fail (printf "sharding.shards: %#v is not a whole number from 1 to 1024" $n) -}}
+{{- end -}}
+{{- int $n -}}
+{{- end -}}
+
+{{/* The selector labels of one shard's pods, for its Deployment and PDB (a dict of root
+and shard). With several shards the shard label keeps each Deployment to its own pods;
+what serves every model (Service, NetworkPolicy, monitors) selects without it. */}}
+{{- define "scaler.shardSelectorLabels" -}}
+{{- include "scaler.selectorLabels" .root -}}
+{{- if gt (include "scaler.shards" .root | int) 1 }}
+scaler.io/shard: {{ .shard | quote }}
+{{- end -}}
+{{- end -}}
+
 {{- define "scaler.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "scaler.fullname" .) .Values.serviceAccount.name -}}
@@ -101,8 +121,8 @@ then signs its own and the APIService skips verification). */}}
 {{- list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns) | toJson -}}
 {{- end -}}
 
-{{/* The settings file: chart values, plus what the chart itself decides (Lease, placeholder,
-namespaces, certificate and secret file paths); secret values are taken out. */}}
+{{/* The settings file: chart values, plus what the chart itself decides (Lease, shards,
+placeholder, namespaces, certificate and secret file paths); secret values are taken out. */}}
 {{- define "scaler.settings" -}}
 {{- $kube := dict "lease" (dict "namespace" .Release.Namespace "name" (printf "%s-leader" (include "scaler.fullname" .))) -}}
 {{- $kube = merge $kube (dict "placeholder" (dict "enabled" .Values.placeholder.enabled "namespace" .Release.Namespace "priority_class" .Values.placeholder.priorityClass.name) "clusterapi_namespace" .Values.rbac.clusterApiNamespace "capacitybuffer" (dict "enabled" .Values.capacityBuffer.enabled "namespace" .Release.Namespace)) -}}
@@ -112,6 +132,15 @@ namespaces, certificate and secret file paths); secret values are taken out. */}
 {{- if hasKey (default dict $s.kube) $key -}}
 {{- fail (printf "settings.kube.%s: set %s instead (it decides the RBAC too)" $key $value) -}}
 {{- end -}}
+{{- end -}}
+{{- range $key := list "shards" "shard" -}}
+{{- if hasKey (default dict $s.sharding) $key -}}
+{{- fail (printf "settings.sharding.%s: set sharding.shards instead (it decides the Deployments, and the chart gives each its shard)" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- $shards := include "scaler.shards" . | int -}}
+{{- if gt $shards 1 -}}
+{{- $_ := set $s "sharding" (merge (default dict $s.sharding) (dict "shards" $shards)) -}}
 {{- end -}}
 {{- if hasKey (default dict (default dict $s.kube).placeholder) "enabled" -}}
 {{- fail "settings.kube.placeholder.enabled: set placeholder.enabled instead (it decides the RBAC too)" -}}
