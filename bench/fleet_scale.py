@@ -1,15 +1,20 @@
 """Scale of one instance: one full evaluation cycle of 1,000 and 10,000 models, and memory.
 
 Usage: .venv/bin/python bench/fleet_scale.py [--models 1000 10000] [--cycles 66]
-                                               [--pools 10] [--tenants 20] [--json OUT]
+                                               [--pools 10] [--tenants 20]
+                                               [--budget-scope {all,pool}] [--shards 1]
+                                               [--json OUT]
 
 Per model count N, on one core (sched_setaffinity): N ScalePolicies spread over --pools
 GpuPools (8 GPUs a node, one node reserved for training, sized to 80 % of the average
-ask) and --tenants GpuBudgets over every pool (guarantees and ceilings); tiers online,
-batch and dev in turn; 1, 2 or 8 GPUs a replica. Every model gets signals from two
-replicas each cycle (in flight, queue, tokens/s and a TTFT histogram), parsed from DESIGN
-4.2 JSON bodies and stored in the real signal store (ingestion itself is timed by
-bench/signals_ingest.py, and not counted here). Then, per cycle (the clock moves 5 s):
+ask; model i on pool i % pools, of tenant i % tenants) and GpuBudgets with guarantees and
+ceilings: with --budget-scope all (the default) one per tenant over every pool, with
+pool one per (tenant, pool) that has models, on that pool (the same GPUs per tenant and
+per pool in all); tiers online, batch and dev in turn; 1, 2 or 8 GPUs a replica. Every
+model gets signals from two replicas each cycle (in flight, queue, tokens/s and a TTFT
+histogram), parsed from DESIGN 4.2 JSON bodies and stored in the real signal store
+(ingestion itself is timed by bench/signals_ingest.py, and not counted here). Then, per
+cycle (the clock moves 5 s):
 
 - engine: for every model, the store's snapshot, `decide` with its cap, its ask; then
   `arbitrate` over all of them: the CPU an instance spends per cycle on the decisions.
@@ -37,6 +42,23 @@ collector runs as `scaler run` sets it (`runner.tune_collector`: start-up frozen
 collections every 20,000 allocations).
 Memory: tracemalloc's traced bytes after the cycles (policies, store, engine states,
 service state and history, grants), per model, in a second run; and the process's peak RSS.
+
+--shards S (above 1): the fleet is split as `scaler.policy.shards.split` splits it
+(arbitration domains, the models linked by the pools they share and the budgets that
+cover them, hashed to shards), and each shard is measured as above on its share alone (its
+policies, pools and budgets; its own store, reactor and arbiter), one after the other in
+this process, the same cycles each. Printed and recorded: the domains (how many, the
+largest's models), per shard its models, pools and budgets and the figures above, and the
+most over the shards of each cycle figure (`max_over_shards`): shards run in parallel on
+their own pods, so the slowest is the fleet's cycle. A shard with nothing to evaluate or
+arbitrate is not measured. With --budget-scope pool the domains are the pools. With all, a
+tenant's budget links every pool its models are on: tenant t's are on the pools p with
+p = t modulo gcd(pools, tenants), so there are gcd(pools, tenants) domains (10 with the
+defaults, 20 with --pools 40); with pools and tenants coprime (--tenants 21) the fleet is
+one domain: one shard gets every model and the others none, unless --max-domain-models
+splits it by model, as `sharding.max_domain_models` does (the domain's shard then
+arbitrates every model's ask, handed to it in-process each cycle, and evaluates none of
+them; the others evaluate the models).
 """
 
 from __future__ import annotations
@@ -51,6 +73,7 @@ import statistics
 import sys
 import time
 import tracemalloc
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +88,7 @@ from scaler.engine import fleet as engine_fleet  # noqa: E402
 from scaler.engine import types  # noqa: E402
 from scaler.policy import fleet as policy_fleet  # noqa: E402
 from scaler.policy import model  # noqa: E402
+from scaler.policy import shards as policy_shards  # noqa: E402
 from scaler.service import arbiter as fleet_arbiter  # noqa: E402
 from scaler.service import exposition as text_exposition  # noqa: E402
 from scaler.service import http_api, observability, runner  # noqa: E402
@@ -79,6 +103,10 @@ CYCLE_S = 5.0
 FILLING = slice(1, 5)  # cycles 2 to 5
 GPUS_PER_REPLICA = (1, 2, 8)
 LE = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+BUDGET_SCOPES = ("all", "pool")
+# The cycle figures of a sharded run whose most over the shards is the fleet's.
+SHARD_MAX = ("engine_cycle_cpu_s", "arbitrate_cpu_ms", "reactor_cycle_cpu_s",
+             "reactor_cycle_wall_s", "reactor_cycle_cpu_mean_s")
 
 
 def policy(index: int, *, pools: int, tenants: int) -> model.ScalePolicy:
@@ -102,9 +130,14 @@ def policy(index: int, *, pools: int, tenants: int) -> model.ScalePolicy:
     })
 
 
-def fleet_of(*, models: int, pools: int, tenants: int) -> policy_fleet.Fleet:
+def fleet_of(*, models: int, pools: int, tenants: int,
+             budget_scope: str = "all") -> policy_fleet.Fleet:
     """Pools that hold about 80 % of what the models ask on average, and one budget per
     tenant over every pool: a third of its share guaranteed, 1.5 times it the ceiling.
+    With budget_scope "pool", one budget per (tenant, pool) that has models instead, on
+    that pool, its share the pool's unreserved GPUs split evenly among the tenants on it:
+    as model i is tenant i % tenants's on pool i % pools, each tenant's shares add up to
+    its share over every pool (once there are lcm(pools, tenants) models).
 
     A model asks about 4 replicas (1 to 7 of concurrency) of 11/3 GPUs on average (1, 2
     or 8): about 14.7 GPUs; 1,000 models on 10 pools ask about 1,470 GPUs a pool.
@@ -116,20 +149,98 @@ def fleet_of(*, models: int, pools: int, tenants: int) -> policy_fleet.Fleet:
         "metadata": {"name": f"pool-{p}"},
         "spec": {"gpusPerNode": 8, "maxNodes": nodes,
                  "reservations": [{"name": "training", "gpus": 8}]}}) for p in range(pools)]
-    share = (nodes - 1) * 8 * pools // tenants
-    budgets = [policy_fleet.GpuBudget.model_validate({
-        "apiVersion": "scaler.io/v1alpha1", "kind": "GpuBudget",
-        "metadata": {"name": f"tenant-{t}"},
-        "spec": {"tenant": f"tenant-{t}", "guaranteedGpus": share // 3,
-                 "maxGpus": max(1, share * 3 // 2), "borrow": True}})
-        for t in range(tenants)]
+    if budget_scope == "all":
+        share = (nodes - 1) * 8 * pools // tenants
+        budgets = [budget(f"tenant-{t}", tenant=t, share=share) for t in range(tenants)]
+    else:
+        pairs = sorted({(i % tenants, i % pools) for i in range(models)})
+        on_pool = Counter(p for _, p in pairs)
+        budgets = [budget(f"tenant-{t}-pool-{p}", tenant=t, pool=f"pool-{p}",
+                          share=(nodes - 1) * 8 // on_pool[p]) for t, p in pairs]
     return policy_fleet.Fleet(pools={p.name: p for p in pool_docs},
                               budgets={b.name: b for b in budgets})
 
 
-def feed(signal_store: store.SignalStore, *, models: int, now: float, cycle: int) -> None:
+def budget(name: str, *, tenant: int, share: int, pool: str | None = None
+           ) -> policy_fleet.GpuBudget:
+    """Tenant `tenant`'s budget (on `pool`, or every pool): a third of `share` guaranteed,
+    1.5 times it the ceiling."""
+    return policy_fleet.GpuBudget.model_validate({
+        "apiVersion": "scaler.io/v1alpha1", "kind": "GpuBudget",
+        "metadata": {"name": name},
+        "spec": {"tenant": f"tenant-{tenant}", "pool": pool, "guaranteedGpus": share // 3,
+                 "maxGpus": max(1, share * 3 // 2), "borrow": True}})
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one run measures: the bench's policies and fleet, or one shard's share."""
+
+    models: int
+    pools: int
+    tenants: int
+    budget_scope: str = "all"
+    share: policy_shards.Share | None = None
+
+    def whole(self) -> tuple[list[model.ScalePolicy], policy_fleet.Fleet]:
+        """Every policy and the fleet."""
+        policies = [policy(i, pools=self.pools, tenants=self.tenants)
+                    for i in range(self.models)]
+        return policies, fleet_of(models=self.models, pools=self.pools, tenants=self.tenants,
+                                  budget_scope=self.budget_scope)
+
+    def build(self) -> Part:
+        """What the instance evaluates: everything, or its share."""
+        policies, fleet = self.whole()
+        if self.share is None:
+            return Part(policies, fleet)
+        mine, arbitrated = of_share(policies, fleet, self.share)
+        return Part(mine, arbitrated, remote=frozenset(self.share.remote),
+                    foreign={p.key: p for p in policies if p.key in self.share.foreign})
+
+
+@dataclass(frozen=True)
+class Part:
+    """One instance's policies and pools and budgets; with a split domain (--max-domain-
+    models), its models another shard arbitrates (`remote`: held at what they have, as
+    before a first grant) and the other shards' models it arbitrates (`foreign`: an ask
+    of each arrives every cycle, as the relay hands them over)."""
+
+    policies: list[model.ScalePolicy]
+    fleet: policy_fleet.Fleet
+    remote: frozenset[str] = frozenset()
+    foreign: dict[str, model.ScalePolicy] = field(default_factory=dict)
+
+
+def foreign_asks(arbiter: fleet_arbiter.Arbiter, foreign: dict[str, model.ScalePolicy], *,
+                 now: float, cycle: int) -> list[model.ScalePolicy]:
+    """An ask of every other shard's model arbitrated here, as `relay` takes them (1 to 4
+    replicas, moving each cycle); the policies whose ask changed."""
+    changed = []
+    for key, each in foreign.items():
+        index = int(each.metadata.name.removeprefix("model-"))
+        wanted = 1 + (index + cycle) % 4
+        if arbiter.put_foreign(fleet_arbiter.RemoteAsk(
+                key=key, desired=wanted, current=1, replicas=wanted,
+                forecast_replicas=wanted, excluded_gpus=0, at=now), now=now):
+            changed.append(each)
+    return changed
+
+
+def of_share(policies: list[model.ScalePolicy], fleet: policy_fleet.Fleet,
+             share: policy_shards.Share) -> tuple[list[model.ScalePolicy], policy_fleet.Fleet]:
+    """The policies, pools and budgets a shard evaluates."""
+    return ([p for p in policies if p.key in share.models],
+            policy_fleet.Fleet(
+                pools={n: p for n, p in fleet.pools.items() if n in share.pools},
+                budgets={n: b for n, b in fleet.budgets.items() if n in share.budgets}))
+
+
+def feed(signal_store: store.SignalStore, policies: list[model.ScalePolicy], *, now: float,
+         cycle: int) -> None:
     """Two replicas' reports for every model, demand moving with the cycle."""
-    for index in range(models):
+    for each in policies:
+        index = int(each.metadata.name.removeprefix("model-"))
         in_flight = 5.0 + (index * 7 + cycle * 13) % 60  # 1 to 7 replicas of concurrency
         for replica in range(2):
             body = json.dumps({
@@ -156,12 +267,13 @@ class Instance:
     states: dict[str, types.EngineState] = field(default_factory=dict)
     current: dict[str, int] = field(default_factory=dict)
 
+    foreign: dict[str, model.ScalePolicy] = field(default_factory=dict)
+
     @classmethod
-    def build(cls, models: int, *, pools: int, tenants: int) -> Instance:
-        instance = cls(policies=[policy(i, pools=pools, tenants=tenants)
-                                 for i in range(models)],
-                       fleet=fleet_of(models=models, pools=pools, tenants=tenants))
-        instance.arbiter.set_fleet(instance.fleet, keys={p.key for p in instance.policies})
+    def build(cls, part: Part) -> Instance:
+        instance = cls(policies=part.policies, fleet=part.fleet, foreign=part.foreign)
+        instance.arbiter.set_fleet(instance.fleet, keys={p.key for p in instance.policies},
+                                   remote=part.remote, foreign=part.foreign)
         instance.current = {p.key: 1 for p in instance.policies}
         # As `scaler run` does after start-up: what lives for the process leaves the
         # collector's sight (full collections over 10,000 policies cost more than a cycle),
@@ -174,7 +286,7 @@ class Instance:
         """New signals, then decide every model and arbitrate, as the reactor does but
         without its tasks: CPU seconds of the deciding and arbitrating."""
         now = START + cycle * CYCLE_S
-        feed(self.signal_store, models=len(self.policies), now=now, cycle=cycle)
+        feed(self.signal_store, self.policies, now=now, cycle=cycle)
         gc.collect()
         started = time.process_time()
         for each in self.policies:
@@ -189,6 +301,7 @@ class Instance:
                 state=self.states.get(key, types.EngineState()), now=now)
             self.current[key] = decision.desired
             self.arbiter.record(each, decision, cluster, now=now)
+        foreign_asks(self.arbiter, self.foreign, now=now, cycle=cycle)
         self.arbiter.arbitrate()
         return time.process_time() - started
 
@@ -264,19 +377,21 @@ async def scrape(state: service_state.ServiceState, *, now: float) -> dict[str, 
             "scrape_series": sum(len(f.samples) for f in families)}
 
 
-async def reactor_cycles(policies: list[model.ScalePolicy], fleet: policy_fleet.Fleet, *,
-                         models: int, cycles: int) -> ReactorRun:
-    """The reactor evaluating every model once a cycle, `cycles` times, then one scrape."""
+async def reactor_cycles(part: Part, *, cycles: int) -> ReactorRun:
+    """The reactor evaluating every model once a cycle, `cycles` times, then one scrape;
+    the other shards' asks (`Part.foreign`) taken in the cycle."""
+    policies = part.policies
     clock = {"now": START}
     signal_store = store.SignalStore()
     state = service_state.ServiceState()
-    state.set_policies(policies, status=service_state.PolicyLoadStatus(at=START,
-                                                                        policies=models))
+    state.set_policies(policies, status=service_state.PolicyLoadStatus(
+        at=START, policies=len(policies)))
     cluster = fakes.FakeCluster(current=1)
     reactor = service_reactor.Reactor(
         state=state, store=signal_store, reader=cluster, actuator=cluster,
         wall_clock=lambda: clock["now"], backstop_s=3600.0, coalesce_s=0.0)
-    reactor.set_policies({p.key: p for p in policies}, fleet=fleet)
+    reactor.set_policies({p.key: p for p in policies}, fleet=part.fleet, remote=part.remote,
+                         foreign=part.foreign)
     gc.collect()
     runner.tune_collector()
     run = ReactorRun()
@@ -285,11 +400,14 @@ async def reactor_cycles(policies: list[model.ScalePolicy], fleet: policy_fleet.
     try:
         for cycle in range(cycles):
             clock["now"] = START + cycle * CYCLE_S
-            feed(signal_store, models=models, now=clock["now"], cycle=cycle)
+            feed(signal_store, policies, now=clock["now"], cycle=cycle)
             await reactor.idle()
             cluster.applied.clear()
             started_cpu, started_wall = time.process_time(), time.perf_counter()
             collector.total_s, done = 0.0, reactor.evaluations
+            for each in foreign_asks(reactor.arbiter, part.foreign, now=clock["now"],
+                                     cycle=cycle):
+                reactor.foreign_asked(each)
             reactor.notify_all()
             await reactor.idle()
             run.cpu.append(time.process_time() - started_cpu)
@@ -319,7 +437,8 @@ class CollectorTime:
 def steady_from(policies: list[model.ScalePolicy]) -> int:
     """The first cycle (0-based) whose windows are full: one past the longest scale-down
     stabilization window (300 s by default: 60 cycles of 5 s, so cycle index 61)."""
-    longest = max(p.spec.behavior.scale_down.stabilization_seconds for p in policies)
+    longest = max((p.spec.behavior.scale_down.stabilization_seconds for p in policies),
+                  default=300.0)  # an arbiter with no model of its own: the default window
     return int(longest / CYCLE_S) + 1
 
 
@@ -331,8 +450,10 @@ def phases(cycles: int, steady: int) -> dict[str, slice]:
     return chosen
 
 
-def measure(models: int, *, cycles: int, pools: int, tenants: int) -> dict[str, Any]:
-    instance = Instance.build(models, pools=pools, tenants=tenants)
+def measure(workload: Workload, *, cycles: int) -> dict[str, Any]:
+    part = workload.build()
+    instance = Instance.build(part)
+    models = len(instance.policies)
     engine_s, arbitrate_s, capped_by_cycle = [], [], []
     for cycle in range(cycles):
         engine_s.append(instance.cycle(cycle))
@@ -340,51 +461,109 @@ def measure(models: int, *, cycles: int, pools: int, tenants: int) -> dict[str, 
         grants = [instance.arbiter.grant(p.key) for p in instance.policies]
         capped_by_cycle.append(
             sum(1 for g in grants if g is not None and g.reason.startswith("capped")))
-    run = asyncio.run(
-        reactor_cycles(instance.policies, instance.fleet, models=models, cycles=cycles))
+    run = asyncio.run(reactor_cycles(part, cycles=cycles))
     reactor_cpu, reactor_wall, collected, evaluations = (run.cpu, run.wall, run.collected,
                                                          run.evaluations)
     gc.unfreeze()
     steady = steady_from(instance.policies)
-    result: dict[str, Any] = {"models": models, "pools": pools,
+    result: dict[str, Any] = {"models": models, "pools": len(instance.fleet.pools),
                               "budgets": len(instance.fleet.budgets), "cycles": cycles,
                               "steady_from_cycle": steady + 1}
+    if part.foreign:  # granted here for other shards' models (`relay` sends them back)
+        result["foreign_granted"] = len(instance.arbiter.foreign_grants())
     for prefix, part in phases(cycles, steady).items():
         engine, reactor = engine_s[part], reactor_cpu[part]
         result.update({
             f"{prefix}capped_models": capped_by_cycle[part][-1],
             f"{prefix}engine_cycle_cpu_s": round(statistics.median(engine), 3),
-            f"{prefix}engine_per_model_us": round(statistics.median(engine) / models * 1e6, 1),
+            f"{prefix}engine_per_model_us": per(statistics.median(engine) * 1e6, models),
             f"{prefix}arbitrate_cpu_ms": round(statistics.median(arbitrate_s[part]) * 1000, 2),
             f"{prefix}reactor_cycle_cpu_s": round(statistics.median(reactor), 3),
             f"{prefix}reactor_cycle_wall_s": round(statistics.median(reactor_wall[part]), 3),
             # The mean too: a full collection lands in one cycle of several.
             f"{prefix}reactor_cycle_cpu_mean_s": round(statistics.mean(reactor), 3),
             f"{prefix}reactor_gc_cpu_mean_s": round(statistics.mean(collected[part]), 3),
-            f"{prefix}reactor_evaluations_per_model": round(
-                statistics.mean(evaluations[part]) / models, 2),
-            f"{prefix}reactor_per_evaluation_us": round(
-                sum(reactor) / sum(evaluations[part]) * 1e6, 1),
+            f"{prefix}reactor_evaluations_per_model": per(
+                statistics.mean(evaluations[part]), models, digits=2),
+            f"{prefix}reactor_per_evaluation_us": per(
+                sum(reactor) * 1e6, sum(evaluations[part])),
         })
     result.update(run.scrape)
-    result["scrape_per_model_us"] = round(run.scrape["scrape_cpu_s"] / models * 1e6, 1)
+    result["scrape_per_model_us"] = per(run.scrape["scrape_cpu_s"] * 1e6, models)
     return result
 
 
-def memory(models: int, *, cycles: int, pools: int, tenants: int) -> dict[str, Any]:
+def per(total: float, count: int, *, digits: int = 1) -> float | None:
+    """`total / count` rounded; None for no count (a split domain's arbiter evaluates no
+    model of it, and may have none of its own)."""
+    return round(total / count, digits) if count else None
+
+
+def memory(workload: Workload, *, cycles: int) -> dict[str, Any]:
     """Traced bytes held after `cycles` engine cycles, per model (a separate run:
     tracemalloc slows everything down several times)."""
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
-    instance = Instance.build(models, pools=pools, tenants=tenants)
+    instance = Instance.build(workload.build())
+    models = len(instance.policies)
     for cycle in range(cycles):
         instance.cycle(cycle)
     gc.collect()
     held = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
     return {"models": models, "traced_mib": round(held / 2**20, 1),
-            "traced_kib_per_model": round(held / models / 1024, 1)}
+            "traced_kib_per_model": per(held / 1024, models)}
+
+
+def sharded(workload: Workload, *, shards: int, cycles: int,
+            max_domain_models: int | None = None) -> dict[str, Any]:
+    """`shards.split` of the workload, then each shard's share measured on its own (a fresh
+    instance each, one after the other): per shard its figures, and the most over the
+    shards of each cycle figure, the fleet's cycle when the shards run in parallel. With
+    `max_domain_models`, larger domains are split by model (`Part`)."""
+    policies, fleet = workload.whole()
+    shares = policy_shards.split(policies, fleet, shards=shards,
+                                 max_domain_models=max_domain_models)
+    domain_of = shares[0].domain_of  # every member's domain, the same in every share
+    models_in = Counter(domain_of[policy_shards.member(policy_shards.MODEL, p.key)]
+                        for p in policies)
+    result: dict[str, Any] = {
+        "models": workload.models, "pools": len(fleet.pools), "budgets": len(fleet.budgets),
+        "budget_scope": workload.budget_scope, "cycles": cycles, "shards": shards,
+        "domains": len(set(domain_of.values())),
+        "largest_domain_models": max(models_in.values()),
+        "max_domain_models": max_domain_models,
+        "shard_models": [len(s.models) for s in shares],
+        "shard_remote": [len(s.remote) for s in shares],
+        "shard_foreign": [len(s.foreign) for s in shares],
+        "shard_pools": [len(s.pools) for s in shares],
+        "shard_budgets": [len(s.budgets) for s in shares]}
+    print(json.dumps(result), flush=True)
+    del policies, fleet, models_in  # a shard's instance holds its share alone
+    per_shard = []
+    for index, share in enumerate(shares):
+        figures: dict[str, Any] = {"shard": index, "models": len(share.models),
+                                   "pools": len(share.pools), "budgets": len(share.budgets),
+                                   "remote": len(share.remote),
+                                   "foreign": len(share.foreign)}
+        if share.models or share.foreign:  # else nothing to do: not measured
+            part = Workload(workload.models, workload.pools, workload.tenants,
+                            workload.budget_scope, share=share)
+            started = time.perf_counter()
+            figures.update(measure(part, cycles=cycles))
+            figures.update(memory(part, cycles=3))
+            figures["run_wall_s"] = round(time.perf_counter() - started, 1)
+        print(json.dumps(figures), flush=True)
+        per_shard.append(figures)
+    measured = [f for f in per_shard if "reactor_cycle_cpu_s" in f]
+    result["per_shard"] = per_shard
+    result["max_over_shards"] = {
+        key: max(f[key] for f in measured)
+        for key in (*(prefix + name for prefix in ("", "steady_") for name in SHARD_MAX),
+                    "scrape_cpu_s", "traced_mib")
+        if key in measured[0]}
+    return result
 
 
 def calibration() -> float:
@@ -404,20 +583,39 @@ def main() -> None:
                         help="cycles of 5 s; from 62 on the windows are full (default 66)")
     parser.add_argument("--pools", type=int, default=10)
     parser.add_argument("--tenants", type=int, default=20)
+    parser.add_argument("--budget-scope", choices=BUDGET_SCOPES, default="all",
+                        help="budgets over every pool (all, the default: a tenant's budget "
+                        "links its pools into one arbitration domain) or one per tenant and "
+                        "pool, on that pool (pool: the domains are the pools)")
+    parser.add_argument("--max-domain-models", type=int, default=None,
+                        help="with --shards: split domains of more models by model, the "
+                        "domain's shard arbitrating for all (sharding.max_domain_models; "
+                        "default: never split)")
+    parser.add_argument("--shards", type=int, default=1,
+                        help="split the fleet as scaler.policy.shards does and measure each "
+                        "shard alone (default 1: the whole fleet)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
+    if args.shards < 1:
+        parser.error("--shards must be at least 1")
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
     print(json.dumps({"load_average": round(os.getloadavg()[0], 1), "cores": os.cpu_count(),
                       "calibration_loop_cpu_s": calibration()}), flush=True)
     results = []
     for models in args.models:
-        result = measure(models, cycles=args.cycles, pools=args.pools, tenants=args.tenants)
-        result.update(memory(models, cycles=3, pools=args.pools, tenants=args.tenants))
+        workload = Workload(models, args.pools, args.tenants, args.budget_scope)
+        if args.shards > 1:
+            result = sharded(workload, shards=args.shards, cycles=args.cycles,
+                             max_domain_models=args.max_domain_models)
+        else:
+            result = measure(workload, cycles=args.cycles)
+            result.update(memory(workload, cycles=3))
         result["peak_rss_mib"] = round(
             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
         result["calibration_loop_cpu_s"] = calibration()
-        print(json.dumps(result), flush=True)
+        # Each shard's figures are printed as it ends: here the rest.
+        print(json.dumps({k: v for k, v in result.items() if k != "per_shard"}), flush=True)
         results.append(result)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
