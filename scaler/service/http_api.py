@@ -126,18 +126,34 @@ class HttpApi:
     def _by_key(self, request: web.Request) -> service_state.ModelStatus | web.Response:
         key = f"{request.match_info['namespace']}/{request.match_info['model']}"
         status = self._state.status(key)
-        return _error(404, f"no policy for model {key}") if status is None else status
+        if status is None:
+            return self._elsewhere([key]) or _error(404, f"no policy for model {key}")
+        return status
 
     def _by_name(self, request: web.Request) -> service_state.ModelStatus | web.Response:
         name = request.match_info["model"]
         found = self._state.find_by_name(name)
         if not found:
-            return _error(404, f"no policy for model {name!r} in any namespace")
+            return self._elsewhere([key for key in self._state.shard_of
+                                    if key.partition("/")[2] == name]) or _error(
+                404, f"no policy for model {name!r} in any namespace")
         if len(found) > 1:
             keys = sorted(status.key for status in found)
             return _error(409, f"model {name!r} is in several namespaces; ask for one of "
                           + ", ".join(keys), candidates=keys)
         return found[0]
+
+    def _elsewhere(self, keys: list[str]) -> web.Response | None:
+        """With several shards: a 404 that says which shard evaluates the model asked for
+        (`scaler explain` then names the pods to ask); None when no other shard does."""
+        shard_of = self._state.shard_of
+        elsewhere = sorted((key, shard_of[key]) for key in keys if key in shard_of)
+        if not elsewhere:
+            return None
+        where = ", ".join(f"{key} by shard {shard}" for key, shard in elsewhere)
+        return _error(404, f"evaluated by another shard: {where} (this is shard "
+                      f"{self._state.shard}); ask a pod of that shard",
+                      shards={key: shard for key, shard in elsewhere})
 
     async def _decision(self, request: web.Request) -> web.Response:
         found = self._by_key(request)

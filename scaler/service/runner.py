@@ -401,8 +401,12 @@ class Service:
         every = {key: item.policy for key, item in policy_set.policies.items()}
         share = None
         if self.assignment.sharded:
-            share = shards.share(every.values(), policy_set.fleet, self.assignment,
+            parts = shards.split(every.values(), policy_set.fleet,
+                                 shards=self.assignment.shards,
                                  max_domain_models=self.settings.sharding.max_domain_models)
+            share = parts[self.assignment.shard]
+            self.state.shard_of = {key: index for index, part in enumerate(parts)
+                                   for key in part.models}
             policy_set = policies.only(policy_set, share)
             log.info("shard %d of %d: %d models (%d arbitrated by other shards), %d pools, "
                      "%d budgets, %d other shards' models arbitrated here",

@@ -377,6 +377,9 @@ class ServiceState:
         self._reloads: collections.Counter[str] = collections.Counter()
         self._leader: bool | None = None
         self.shard = 0  # which shard this instance is (sharding.shard), a label of /metrics
+        # With several shards: every model's shard, to say where a model asked of this one
+        # is evaluated (`http_api`); empty with one shard.
+        self.shard_of: Mapping[str, int] = {}
         self._drop_sources: dict[str, DropCounter] = {}
         self.deletion_costs: DropCounter = dict
         # The engine's learned state kept in a ConfigMap (scaler.service.learned): records

@@ -248,6 +248,13 @@ async def test_each_shard_leads_and_scales_its_own_models_and_answers_for_all(
             while not await both_answer():
                 await asyncio.sleep(0.02)
 
+        # The decision API answers for its own models and says where the others are.
+        assert services[0].http is not None
+        other = f"{NAMESPACE}/{MODELS[1]}"
+        async with http.get(f"{services[0].http.url}/v1/models/{other}/decision") as answer:
+            assert answer.status == 404
+            assert (await answer.json())["shards"] == {other: 1}
+
         # A forged record for the other shard's model under the wrong subject is counted.
         client = await nats.connect(nats_url)
         try:
