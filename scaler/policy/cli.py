@@ -107,7 +107,7 @@ def _shards(result: loader.LoadResult, *, count: int, max_domain_models: int
     policies = [item.policy for item in result.loaded]
     pools = fleet.fleet_of(result)
     parts = shards.split(policies, pools, shards=count, max_domain_models=max_domain_models)
-    named = shards.domains(policies, pools)
+    named = parts[0].domain_of  # the same in every part
     return {
         "shards": count, "max_domain_models": max_domain_models,
         "domains": [{"domain": domain, "models": size,

@@ -144,9 +144,6 @@ class Assignment:
     def sharded(self) -> bool:
         return self.shards > 1
 
-    def owns(self, domain: str) -> bool:
-        return owner(domain, shards=self.shards) == self.shard
-
 
 @dataclass(frozen=True, slots=True)
 class Share:
@@ -179,13 +176,6 @@ def sizes(policies: Iterable[model.ScalePolicy], named: Mapping[str, str]) -> di
         domain = named[member(MODEL, policy.key)]
         counts[domain] = counts.get(domain, 0) + 1
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
-
-
-def share(policies: Iterable[model.ScalePolicy], fleet: policy_fleet.Fleet,
-          assignment: Assignment, *, max_domain_models: int | None = None) -> Share:
-    """What shard `assignment.shard` does (`split`). With one shard: everything."""
-    return split(policies, fleet, shards=assignment.shards,
-                 max_domain_models=max_domain_models)[assignment.shard]
 
 
 def split(policies: Iterable[model.ScalePolicy], fleet: policy_fleet.Fleet, *,

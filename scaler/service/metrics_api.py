@@ -8,7 +8,6 @@ pods (AverageValue target) the `value` of every item returned.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
@@ -86,17 +85,16 @@ def served_of(status: service_state.ModelStatus) -> Served:
     """The model's served values from its latest decision. A signal's sample was `age_s`
     old when the snapshot was taken at `last.at`: it was produced at `last.at - age_s`."""
     policy, last = status.policy, status.last
-    served = Served(key=status.key, namespace=policy.metadata.namespace, labels=status.labels,
-                    stale_after_s=policy.spec.stale_after_seconds)
-    if last is None:
-        return served
     points = {}
-    for metric, signal in SERVED_SIGNALS.items():
-        value: types.SignalValue | None = last.snapshot.get(signal)
-        if value is not None and math.isfinite(value.value):
-            points[metric] = MetricPoint(value.value, last.at - value.age_s)
-    return dataclasses.replace(served, desired=last.decision.desired,
-                               decided_at=last.decision.at, points=points)
+    if last is not None:
+        for metric, signal in SERVED_SIGNALS.items():
+            value: types.SignalValue | None = last.snapshot.get(signal)
+            if value is not None and math.isfinite(value.value):
+                points[metric] = MetricPoint(value.value, last.at - value.age_s)
+    return Served(key=status.key, namespace=policy.metadata.namespace, labels=status.labels,
+                  stale_after_s=policy.spec.stale_after_seconds,
+                  desired=None if last is None else last.decision.desired,
+                  decided_at=0.0 if last is None else last.decision.at, points=points)
 
 
 def metric_point(metric: str, served: Served, now: float) -> MetricPoint | str:

@@ -257,7 +257,7 @@ class ShardRelay:
         staleAfterSeconds (older ones are forgotten)."""
         now, records = self._clock(), self._records
         for key in [k for k, r in records.items()
-                    if self._state.status(k) is not None or now - r.decided_at > r.stale_after_s]:
+                    if self._state.policy(k) is not None or now - r.decided_at > r.stale_after_s]:
             del records[key]
         return dict(records)
 
@@ -369,7 +369,7 @@ class ShardRelay:
         except Refused as refused:
             self.stats.drop(refused.reason)
             return
-        if self._state.status(record.key) is not None:
+        if self._state.policy(record.key) is not None:
             return  # this shard's own model (its leader's echo): served from the state
         previous = self._records.get(record.key)
         if previous is not None and previous.decided_at > record.decided_at:

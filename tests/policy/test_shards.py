@@ -62,7 +62,7 @@ def test_every_model_of_the_shipped_fleet_is_in_exactly_one_share() -> None:
             pool = policy.spec.node_pool
             if pool is not None and pool.name in pools.pools:
                 assert (policy.key in part.models) == (pool.name in part.pools)
-    assert shards.share(policies, pools, shards.Assignment(shard=0, shards=1)).models == {
+    assert shards.split(policies, pools, shards=1)[0].models == {
         policy.key for policy in policies}
 
 
