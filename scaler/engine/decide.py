@@ -808,6 +808,80 @@ def _worth_releasing(gap: float, lead: float) -> bool:
     return gap > lead + RELEASE_HOLD_S
 
 
+# Restart-aware holding without a pattern: a level of demand is held as long as levels
+# were seen to come back, times this (returns are not all alike) ...
+HOLD_MARGIN = 1.5
+# ... once levels were seen to leave for good this many times (until then, the window):
+# a model that has only ever seen load stay or come back holds as the policy says.
+HOLD_EVIDENCE = 2
+# Returns and leaves older than this are forgotten (the load's habits change over a day).
+HOLD_MEMORY_S = 3600.0
+# At most this many returns are kept, the newest (only those that could lengthen the hold
+# past its floor are kept at all).
+HOLD_SAMPLES = 32
+
+
+def _level(past: types.Recommendation) -> int:
+    """What a recommendation needed for the load (without a backlog's drain)."""
+    return past.replicas if past.load is None else past.load
+
+
+def learned_hold(draft: Draft, window: int) -> tuple[int, str]:
+    """The down window learned from this model's load, at most the policy's `window`.
+
+    Holding a replica the load left costs its idle time; releasing it costs a restart
+    (its pod start in GPU time, and the SLO while it starts) if the load comes back.
+    The engine watches every level of demand it recommended: *back* when the count it
+    needs is recommended again within the window (after how long), *gone* when it is
+    not (seen as it leaves the window). Once levels were seen gone HOLD_EVIDENCE times
+    in the last hour, replicas are held 1.5x the longest return seen, at least one pod
+    start (a shorter hold saves less than the restart costs) and at most the window;
+    until then, the window. Example: a step from 60 to 10 req/s after the backlog's
+    replicas (9, then 7 for the load) went unreturned, and levels came back within 40 s
+    of noise: the 6 replicas are held max(1.5 x 40, 105) = 105 s, not 300 s; on bursts
+    that come back after 250 s the window holds, as before.
+    """
+    state, now = draft.state, draft.now
+    if draft.raw is None or draft.times is None:
+        return window, ""
+    floor = min(window, math.ceil(draft.times.pod_start_s))
+    history = state.recommendations
+    level_now = draft.raw if draft.load_raw is None else draft.load_raw
+    returns = [r for r in state.level_returns if r.at > now - HOLD_MEMORY_S]
+    leaves = [t for t in state.level_leaves if t > now - HOLD_MEMORY_S]
+    cutoff = now - draft.spec.keep_recommendations_s
+    if history and level_now > _level(history[-1]):
+        recent = [(r.at, _level(r)) for r in history if r.at > now - window]
+        # Back: the level now (or the highest of the window, if lower) was recommended
+        # before, within the window, and not since.
+        back = min(level_now, max([level for _, level in recent], default=0))
+        if recent and back > recent[-1][1]:
+            after = now - max(at for at, level in recent if level >= back)
+            if HOLD_MARGIN * after > floor:
+                returns = [*returns, types.LevelReturn(at=now, after_s=after)][-HOLD_SAMPLES:]
+    # Gone: a recommendation leaving the window (`_remember` drops it) above every one
+    # after it.
+    leaving = max([_level(r) for r in history if r.at <= cutoff], default=None)
+    if leaving is not None and leaving > level_now and leaving > max(
+            [_level(r) for r in history if r.at > cutoff], default=0):
+        leaves = [*leaves, now][-HOLD_SAMPLES:]
+    draft.state = dataclasses.replace(state, level_returns=tuple(returns),
+                                      level_leaves=tuple(leaves))
+    if len(leaves) < HOLD_EVIDENCE:
+        return window, ""
+    if draft.winner is Rule.KV_CACHE:
+        # Memory binds: the cache's reading dips as long answers end together and climbs
+        # back as new ones grow, so its dips are turnover, not load that left (5,000-token
+        # answers missed 5 more windows of 90 held this way; docs/benchmarks.md).
+        return window, "the KV cache binds: its dips are turnover, the window holds"
+    longest = max([r.after_s for r in returns], default=0.0)
+    hold = max(floor, min(window, math.ceil(HOLD_MARGIN * longest)))
+    if hold >= window:
+        return window, f"levels came back after up to {longest:.0f} s: the window holds"
+    return hold, f"levels left {len(leaves)} times and came back within {longest:.0f} s: " \
+                 f"held {hold} s"
+
+
 def restart_hold(draft: Draft) -> tuple[int, str]:
     """How long to hold replicas the load no longer needs, weighing a restart.
 
@@ -822,10 +896,11 @@ def restart_hold(draft: Draft) -> tuple[int, str]:
     window reaching back into the off phase had released one of 3 replicas while the
     load climbed back, and the window of that minute missed its SLO.
     """
-    window = draft.spec.behavior.scale_down.stabilization_seconds
+    window, learned = learned_hold(draft, draft.spec.behavior.scale_down.stabilization_seconds)
     gap = _pattern(draft.state)
     if gap is None or draft.state.drop_at is None:
-        return window, ""
+        return window, learned
+    window = draft.spec.behavior.scale_down.stabilization_seconds
     lead = _return_lead_s(draft)
     if gap <= lead:
         return window, ""  # sooner than a restart: expect_return says so

@@ -253,6 +253,16 @@ class BacklogSample:
 
 @fast_init
 @dataclass(frozen=True, slots=True)
+class LevelReturn:
+    """A level of demand back `after_s` seconds after it was last recommended (the count
+    it needs reached again within the down window): how long holding would have paid."""
+
+    at: float
+    after_s: float
+
+
+@fast_init
+@dataclass(frozen=True, slots=True)
 class ForecastCheck:
     """A forecast to check against what happened: at `due_at`, demand was predicted to
     be `predicted` (from `base` when it was made)."""
@@ -292,6 +302,10 @@ class EngineState:
     saturated_since / saturated_ready: when the current overload began and the ready
       replicas then (0 once that count changed: the backlog sits on the replicas that were
       ready when it formed, and new ones serve only new arrivals).
+    level_returns / level_leaves: restart-aware holding without a pattern: the longer
+      returns of a level of demand within the down window (LevelReturn), and when levels
+      were seen to leave for good (not recommended again within the window), over the
+      last HOLD_MEMORY_S; the hold is learned from them (`decide.learned_hold`).
     """
 
     recommendations: tuple[Recommendation, ...] = ()
@@ -315,6 +329,8 @@ class EngineState:
     served_samples: int = 0
     saturated_since: float | None = None
     saturated_ready: int = 0
+    level_returns: tuple[LevelReturn, ...] = ()
+    level_leaves: tuple[float, ...] = ()
 
     def remembering(
         self, *, recommendations: tuple[Recommendation, ...], events: tuple[ScaleEvent, ...],

@@ -1026,6 +1026,85 @@ def test_restart_aware_keeps_the_window_through_dips_and_forgets_a_pattern() -> 
 
 
 
+def _levels(sim: Sim, *, noise_every: int, until: int = 1600) -> dict[int, int]:
+    """8 replicas of load (80 running, 10 per replica) for 300 s, 6 until 700 s, then 4
+    with a blip to 5 every `noise_every` s until 1100 s, then 2: the count every 5 s.
+    The 8 and the 6 are never needed again (they leave the 300 s window, at 595 and 995 s,
+    unrecommended since); the blips are a level of the load coming back."""
+    counts = {}
+    for t in range(0, until, 5):
+        if t < 300:
+            running = 80.0
+        elif t < 700:
+            running = 60.0
+        elif t < 1100:
+            running = 50.0 if (t - 700) % noise_every < 10 else 40.0
+        else:
+            running = 20.0
+        counts[t] = sim.step(t, snap(running=running))
+    return counts
+
+
+def test_restart_aware_holds_as_long_as_levels_came_back() -> None:
+    # Pod start 60 s. The first falls are held the whole window: nothing has been seen to
+    # leave yet. By 1100 s two levels left for good (8 and 6), and the blips came back
+    # within 40 s (1.5 x 40 = 60, no longer than a pod start): after the fall to 2, each
+    # level is held one pod start (60 s) past its last recommendation, not 300 s.
+    aware = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=8)
+    hpa = Sim(policy(), current=8)
+    learned, held = _levels(aware, noise_every=40), _levels(hpa, noise_every=40)
+    assert all(learned[t] == 8 for t in range(300, 595, 5))
+    assert all(learned[t] == 6 for t in range(700, 995, 5))
+    assert len([at for at in aware.state.level_leaves if at < MONDAY_0600_UTC + 1100]) == 2
+    # The blips every 40 s stay held (a 60 s window still reaches the last one).
+    assert all(learned[t] == 5 for t in range(995, 1125, 5))
+    # The last blip (5) at 1065 s, the last 4 at 1095 s: gone 60 s after each.
+    assert learned[1125] == 4 and learned[1150] == 4 and learned[1155] == 2
+    # The HPA's window holds the 5 until 1365 s and the 4 until 1395 s.
+    assert held[1360] == 5 and held[1390] == 4 and held[1395] == 2
+    # One replica 240 s less (5 -> 4) and two 240 s less (4 -> 2): 720 replica-seconds.
+    assert 5 * (sum(held.values()) - sum(learned.values())) == 720
+    assert aware.last is not None
+    assert any("levels left 4 times and came back within 0 s: held 60 s" in s.detail
+               for s in aware.last.steps)
+
+
+def test_restart_aware_keeps_the_window_for_levels_that_come_back_late() -> None:
+    # The same load, but the blips come back every 200 s: a level returned after 195 s,
+    # and 1.5 x that is about the whole window (293 s of 300): the fall is held as the
+    # HPA holds it, but for the window's last 7 s.
+    aware = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=8)
+    hpa = Sim(policy(), current=8)
+    learned, held = _levels(aware, noise_every=200), _levels(hpa, noise_every=200)
+    assert len(aware.state.level_leaves) >= 2
+    assert [r.after_s for r in aware.state.level_returns] == [195.0]
+    # Each level goes 7 s before the HPA lets it (5 -> 4 at 1200 s, 4 -> 2 at 1390 s, one
+    # 5 s step each): 3 replica-steps, 15 replica-seconds in 1,600 s.
+    assert learned[1195] == held[1195] == 5 and learned[1200] == 4 and held[1200] == 5
+    assert learned[1390] == 2 and held[1390] == 4
+    assert 5 * (sum(held.values()) - sum(learned.values())) == 15
+    assert aware.last is not None
+    assert any("came back within 195 s: held 293 s" in s.detail for s in aware.last.steps)
+
+
+def test_restart_aware_keeps_the_window_while_the_kv_cache_binds() -> None:
+    # Memory-bound: the KV cache's reading wins. Its dips are answers ending together,
+    # not load that left, so whatever was learned the policy's window holds.
+    aware = Sim(policy(behavior={**BEHAVIOR, "restartAware": True},
+                       signals={"concurrency": {"targetPerReplica": 10},
+                                "kvCache": {"targetUtilization": 0.8}}), current=8)
+    counts = {}
+    for t in range(0, 1600, 5):
+        # Readings for 8, then 6, then 4 replicas (ready x usage / 0.8), then 2.
+        need = 8 if t < 300 else 6 if t < 700 else 4 if t < 1100 else 2
+        usage = need * 0.8 / aware.current - 0.01
+        counts[t] = aware.step(t, types.SignalSnapshot(in_flight=value(10),
+                                                       kv_cache_usage=value(usage)))
+    assert len(aware.state.level_leaves) >= 2
+    assert aware.last is not None and aware.last.winner == "kv_cache"
+    assert all(counts[t] == 4 for t in range(1100, 1395, 5)) and counts[1400] == 2
+
+
 def _saturated(*, prompt: float, generated: float, completed: float | None = None
                ) -> types.SignalSnapshot:
     """200 waiting behind the ready replicas (beyond 8 per replica: all busy)."""
