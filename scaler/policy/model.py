@@ -427,7 +427,12 @@ class Behavior(_Model):
         "it no longer needs are released after 60 s (not the down window) and the count "
         "held before the drop is started again one time-to-ready + 60 s ahead of the "
         "expected return; a return that does not come by 1.25 x the gap forgets the "
-        "pattern. Dips and irregular loads keep the down window. Off: the HPA's window.")
+        "pattern. Dips and irregular loads keep the down window. And once levels of "
+        "demand were seen to leave for good (unrecommended through the down window) twice "
+        "in the last hour, a fall is held 1.5 x the longest time a level took to come "
+        "back, at least one pod start and at most the down window (a first fall, and a "
+        "model whose KV cache is the winning reading, keep the window). Off: the HPA's "
+        "window.")
     tolerance: float = Field(
         default=0.1, ge=0, lt=1,
         description="A capacity recommendation within this fraction of the current count "
