@@ -836,10 +836,11 @@ def learned_hold(draft: Draft, window: int) -> tuple[int, str]:
     not (seen as it leaves the window). Once levels were seen gone HOLD_EVIDENCE times
     in the last hour, replicas are held 1.5x the longest return seen, at least one pod
     start (a shorter hold saves less than the restart costs) and at most the window;
-    until then, the window. Example: a step from 60 to 10 req/s after the backlog's
-    replicas (9, then 7 for the load) went unreturned, and levels came back within 40 s
-    of noise: the 6 replicas are held max(1.5 x 40, 105) = 105 s, not 300 s; on bursts
-    that come back after 250 s the window holds, as before.
+    until then, the window; and the window while the KV cache is the winning reading.
+    Example (pod start 60 s, a 300 s window): levels 8 and 6 were never needed again, and
+    blips to 5 came back within 40 s (1.5 x 40 <= 60): after a fall to 2, each level goes
+    60 s after it was last recommended. Blips every 200 s (back after 195 s): held
+    min(300, 1.5 x 195) = 293 s, about the window.
     """
     state, now = draft.state, draft.now
     if draft.raw is None or draft.times is None:
@@ -847,26 +848,31 @@ def learned_hold(draft: Draft, window: int) -> tuple[int, str]:
     floor = min(window, math.ceil(draft.times.pod_start_s))
     history = state.recommendations
     level_now = draft.raw if draft.load_raw is None else draft.load_raw
-    returns = [r for r in state.level_returns if r.at > now - HOLD_MEMORY_S]
-    leaves = [t for t in state.level_leaves if t > now - HOLD_MEMORY_S]
-    cutoff = now - draft.spec.keep_recommendations_s
+    forget = now - HOLD_MEMORY_S
+    returns, leaves = state.level_returns, state.level_leaves
+    if returns and returns[0].at <= forget:
+        returns = tuple([r for r in returns if r.at > forget])
+    if leaves and leaves[0] <= forget:
+        leaves = tuple([t for t in leaves if t > forget])
     if history and level_now > _level(history[-1]):
-        recent = [(r.at, _level(r)) for r in history if r.at > now - window]
         # Back: the level now (or the highest of the window, if lower) was recommended
         # before, within the window, and not since.
+        recent = [(r.at, _level(r)) for r in history if r.at > now - window]
         back = min(level_now, max([level for _, level in recent], default=0))
         if recent and back > recent[-1][1]:
             after = now - max(at for at, level in recent if level >= back)
             if HOLD_MARGIN * after > floor:
-                returns = [*returns, types.LevelReturn(at=now, after_s=after)][-HOLD_SAMPLES:]
+                returns = (*returns, types.LevelReturn(at=now, after_s=after))[-HOLD_SAMPLES:]
     # Gone: a recommendation leaving the window (`_remember` drops it) above every one
-    # after it.
-    leaving = max([_level(r) for r in history if r.at <= cutoff], default=None)
-    if leaving is not None and leaving > level_now and leaving > max(
-            [_level(r) for r in history if r.at > cutoff], default=0):
-        leaves = [*leaves, now][-HOLD_SAMPLES:]
-    draft.state = dataclasses.replace(state, level_returns=tuple(returns),
-                                      level_leaves=tuple(leaves))
+    # after it. The history is in time order: what leaves is at its start.
+    cutoff = now - draft.spec.keep_recommendations_s
+    if history and history[0].at <= cutoff:
+        leaving = max([_level(r) for r in history if r.at <= cutoff])
+        if leaving > level_now and leaving > max(
+                [_level(r) for r in history if r.at > cutoff], default=0):
+            leaves = (*leaves, now)[-HOLD_SAMPLES:]
+    if returns is not state.level_returns or leaves is not state.level_leaves:
+        draft.state = dataclasses.replace(state, level_returns=returns, level_leaves=leaves)
     if len(leaves) < HOLD_EVIDENCE:
         return window, ""
     if draft.winner is Rule.KV_CACHE:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from scaler.engine import decide as engine_decide
-from scaler.engine import types
+from scaler.engine import forecast, types
+from scaler.engine import spec as engine_spec
 from tests.engine.helpers import Sim, policy
 
 value = st.one_of(st.none(), st.floats(min_value=0, max_value=5000, allow_nan=False))
@@ -59,6 +62,7 @@ def policies(draw: st.DrawFn) -> Any:
                         "policies": [up_rule]},
             "scaleDown": {"stabilizationSeconds": draw(st.integers(0, 600)),
                           "policies": [down_rule]},
+            "restartAware": draw(st.booleans()),
         },
         "resources": {"gpusPerReplica": gpus},
         "forecast": {"enabled": draw(st.booleans()), "windowSeconds": 60},
@@ -199,3 +203,34 @@ def test_never_pinned_at_max_while_every_capacity_signal_reads_under_half(
             completion_rate=types.SignalValue(rate * half * 10, 0.0, True),
             p95_latency=types.SignalValue(2.0 * slo_multiple, 0.0, True)))
         assert sim.current < top, sim.last
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 900), st.floats(min_value=1, max_value=400),
+       st.lists(st.tuples(st.floats(min_value=0.5, max_value=120), st.integers(0, 40),
+                          st.none() | st.integers(0, 40)), min_size=1, max_size=200))
+def test_a_learned_hold_is_never_shorter_than_a_pod_start_nor_longer_than_the_window(
+        window: int, pod_start: float, timeline: list[tuple[float, int, int | None]]) -> None:
+    # Whatever levels came and went (a backlog's load level among them), the down window
+    # learned is between one pod start (or the window, if shorter) and the policy's own.
+    spec = engine_spec.resolve(policy(behavior={
+        "scaleUp": {"stabilizationSeconds": 0, "policies": []},
+        "scaleDown": {"stabilizationSeconds": window, "policies": []},
+        "restartAware": True}))
+    state, now = types.EngineState(), 0.0
+    for dt, level, load in timeline:
+        now += dt
+        draft = engine_decide.Draft(spec=spec, snapshot=types.SignalSnapshot(),
+                                    cluster=types.ClusterState(current=level, ready=level),
+                                    state=state,
+                                    now=now)
+        draft.raw, draft.load_raw = level, load
+        draft.times = forecast.StartTimes(pod_start_s=pod_start, node_boot_s=0.0)
+        hold, _ = engine_decide.learned_hold(draft, window)
+        assert min(window, math.ceil(pod_start)) <= hold <= window
+        kept = tuple(r for r in draft.state.recommendations
+                     if r.at > now - spec.keep_recommendations_s)
+        state = dataclasses.replace(draft.state, recommendations=(
+            *kept, types.Recommendation(at=now, replicas=level, load=load)))
+        assert len(state.level_returns) <= engine_decide.HOLD_SAMPLES
+        assert len(state.level_leaves) <= engine_decide.HOLD_SAMPLES
