@@ -816,8 +816,8 @@ HOLD_MARGIN = 1.5
 HOLD_EVIDENCE = 2
 # Returns and leaves older than this are forgotten (the load's habits change over a day).
 HOLD_MEMORY_S = 3600.0
-# At most this many returns are kept, the newest (only those that could lengthen the hold
-# past its floor are kept at all).
+# At most this many returns and leaves are kept, the newest (returns only while no newer
+# one was as long, and only those that could lengthen the hold past its floor).
 HOLD_SAMPLES = 32
 
 
@@ -862,7 +862,12 @@ def learned_hold(draft: Draft, window: int) -> tuple[int, str]:
         if recent and back > recent[-1][1]:
             after = now - max(at for at, level in recent if level >= back)
             if HOLD_MARGIN * after > floor:
-                returns = (*returns, types.LevelReturn(at=now, after_s=after))[-HOLD_SAMPLES:]
+                # Only the longest return of the hour matters: an older one no longer than
+                # this is forgotten now (it would be before this one), so the kept ones run
+                # from the longest down, and a burst of short returns never pushes the
+                # longest out of the HOLD_SAMPLES kept.
+                kept = [r for r in returns if r.after_s > after]
+                returns = (*kept, types.LevelReturn(at=now, after_s=after))[-HOLD_SAMPLES:]
     # Gone: a recommendation leaving the window (`_remember` drops it) above every one
     # after it. The history is in time order: what leaves is at its start.
     cutoff = now - draft.spec.keep_recommendations_s
@@ -880,7 +885,7 @@ def learned_hold(draft: Draft, window: int) -> tuple[int, str]:
         # back as new ones grow, so its dips are turnover, not load that left (5,000-token
         # answers missed 5 more windows of 90 held this way; docs/benchmarks.md).
         return window, "the KV cache binds: its dips are turnover, the window holds"
-    longest = max([r.after_s for r in returns], default=0.0)
+    longest = returns[0].after_s if returns else 0.0  # they run from the longest down
     hold = max(floor, min(window, math.ceil(HOLD_MARGIN * longest)))
     if hold >= window:
         return window, f"levels came back after up to {longest:.0f} s: the window holds"

@@ -302,10 +302,12 @@ class EngineState:
     saturated_since / saturated_ready: when the current overload began and the ready
       replicas then (0 once that count changed: the backlog sits on the replicas that were
       ready when it formed, and new ones serve only new arrivals).
-    level_returns / level_leaves: restart-aware holding without a pattern: the longer
-      returns of a level of demand within the down window (LevelReturn), and when levels
-      were seen to leave for good (not recommended again within the window), over the
-      last HOLD_MEMORY_S; the hold is learned from them (`decide.learned_hold`).
+    level_returns / level_leaves: restart-aware holding without a pattern: the returns
+      of a level of demand within the down window (LevelReturn) that may still be the
+      longest of the last HOLD_MEMORY_S (from the longest down: a newer return as long
+      replaces an older one), and when levels were seen to leave for good (not
+      recommended again within the window); the hold is learned from them
+      (`decide.learned_hold`).
     """
 
     recommendations: tuple[Recommendation, ...] = ()
