@@ -856,11 +856,20 @@ def learned_hold(draft: Draft, window: int) -> tuple[int, str]:
         leaves = tuple([t for t in leaves if t > forget])
     if history and level_now > _level(history[-1]):
         # Back: the level now (or the highest of the window, if lower) was recommended
-        # before, within the window, and not since.
-        recent = [(r.at, _level(r)) for r in history if r.at > now - window]
-        back = min(level_now, max([level for _, level in recent], default=0))
-        if recent and back > recent[-1][1]:
-            after = now - max(at for at, level in recent if level >= back)
+        # before, within the window, and not since: the newest such recommendation, found
+        # walking back (levels inline: this runs at every rise).
+        start, back, since = now - window, _level(history[-1]), None
+        for r in reversed(history):
+            if r.at <= start:
+                break
+            level = r.replicas if r.load is None else r.load
+            if level >= level_now:
+                back, since = level_now, r.at
+                break
+            if level > back:
+                back, since = level, r.at
+        if since is not None:
+            after = now - since
             if HOLD_MARGIN * after > floor:
                 # Only the longest return of the hour matters: an older one no longer than
                 # this is forgotten now (it would be before this one), so the kept ones run
@@ -872,9 +881,13 @@ def learned_hold(draft: Draft, window: int) -> tuple[int, str]:
     # after it. The history is in time order: what leaves is at its start.
     cutoff = now - draft.spec.keep_recommendations_s
     if history and history[0].at <= cutoff:
-        leaving = max([_level(r) for r in history if r.at <= cutoff])
+        gone = 1
+        while gone < len(history) and history[gone].at <= cutoff:
+            gone += 1
+        leaving = max([_level(r) for r in history[:gone]])
         if leaving > level_now and leaving > max(
-                [_level(r) for r in history if r.at > cutoff], default=0):
+                [r.replicas if r.load is None else r.load for r in history[gone:]],
+                default=0):
             leaves = (*leaves, now)[-HOLD_SAMPLES:]
     if returns is not state.level_returns or leaves is not state.level_leaves:
         draft.state = dataclasses.replace(state, level_returns=returns, level_leaves=leaves)
