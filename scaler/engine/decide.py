@@ -902,6 +902,9 @@ def learned_hold(draft: Draft, window: int) -> tuple[int, str]:
     hold = max(floor, min(window, math.ceil(HOLD_MARGIN * longest)))
     if hold >= window:
         return window, f"levels came back after up to {longest:.0f} s: the window holds"
+    if not returns:
+        return hold, f"levels left {len(leaves)} times and none came back later than " \
+                     f"{floor / HOLD_MARGIN:.0f} s: held {hold} s"
     return hold, f"levels left {len(leaves)} times and came back within {longest:.0f} s: " \
                  f"held {hold} s"
 

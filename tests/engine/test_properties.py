@@ -234,6 +234,6 @@ def test_a_learned_hold_is_never_shorter_than_a_pod_start_nor_longer_than_the_wi
             *kept, types.Recommendation(at=now, replicas=level, load=load)))
         assert len(state.level_returns) <= engine_decide.HOLD_SAMPLES
         # From the longest down, oldest first: the first is the longest of the hour.
-        kept = tuple(r.after_s for r in state.level_returns)
-        assert list(kept) == sorted(set(kept), reverse=True)
+        returned = [r.after_s for r in state.level_returns]
+        assert returned == sorted(set(returned), reverse=True)
         assert len(state.level_leaves) <= engine_decide.HOLD_SAMPLES
