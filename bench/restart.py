@@ -127,7 +127,8 @@ def measure(label: str, seed: int, restarts: tuple[float, ...], out: Path
         elif mode == "warm":
             # The same model a day before: a whole run on another draw of the load.
             before = _trace(label, seed + suite.WARM_SEED_OFFSET, out)
-            inner.state = _resumed(run.learned_on(before, policy=policy, profile=profile),
+            inner.state = _resumed(run.learned_on(before, policy=policy, profile=profile,
+                                                  next_start_s=trace.start_s),
                                    policy, at=trace.start_s)
         cluster = run.run_strategy(strategy, trace=trace, profile=profile, pool=pool,
                                    policy=policy, initial_replicas=initial)

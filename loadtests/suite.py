@@ -303,7 +303,8 @@ def run_job(item: Item, names: tuple[str, ...], policy_path: Path,
     learned = None
     if warm and (variant is not None or "scaler" in names):
         learned = run.learned_on(item.load_before(), policy=policy, profile=profile,
-                                 grace_s=item.grace_s, dispatch=dispatch)
+                                 next_start_s=trace.start_s, grace_s=item.grace_s,
+                                 dispatch=dispatch)
     if variant is not None:
         result = run.simulate(trace, policy=policy, profile=profile, names=("scaler",),
                               grace_s=item.grace_s, learned=learned, dispatch=dispatch)

@@ -701,7 +701,7 @@ def stabilize_count(draft: Draft) -> str:
     window = "down" if down else "up"
     draft.clamp(ClampName.STABILIZATION_DOWN if down else ClampName.STABILIZATION_UP, desired,
                 f"{seconds}s window keeps {desired}")
-    return f"the {window} window keeps {desired}"
+    return f"the {window} window keeps {desired}" + (f"; {hold}" if down and hold else "")
 
 
 # The load is away while demand is under this share of its peak before it left (the

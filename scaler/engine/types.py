@@ -363,6 +363,9 @@ class Learned:
     instance gathers again, and a restart seeds the down window with the current count;
     these take saturation, returns of load or slow pod starts to learn, and without them a
     restarted instance sizes a memory-bound mix by a capacity model it had found wrong.
+    The last hour's level returns and leaves (`level_returns`, `level_leaves`: epoch
+    times) are kept too: without them a restarted instance holds every fall the whole
+    down window until it has seen levels leave twice again.
     Fields as in EngineState: pod_start_s / node_boot_s are `learned_pod_start_s` /
     `learned_node_boot_s`, observed_until is `last_observation_at`.
     """
@@ -377,6 +380,8 @@ class Learned:
     return_gap_s: float | None = None
     returns: int = 0
     horizon_scale: float = 1.0
+    level_returns: tuple[LevelReturn, ...] = ()
+    level_leaves: tuple[float, ...] = ()
 
     @classmethod
     def of(cls, state: EngineState) -> Learned:

@@ -31,8 +31,9 @@ MAX_RECORD_BYTES = 4096
 """A record is about 300 bytes; a longer one is not ours."""
 MAX_DATA_BYTES = 900_000
 """The records written, in bytes of keys and values: under the API server's 1 MiB
-(1,048,576 bytes) for a ConfigMap's data, with room for its metadata. About 3,000 models;
-past that the models least recently learned from are left out (counted, `omitted`)."""
+(1,048,576 bytes) for a ConfigMap's data, with room for its metadata. About 3,000 models
+of 300 bytes (about 560 whose learned hold keeps all it may, 1.6 kB); past that the
+models least recently learned from are left out (counted, `omitted`)."""
 REFRESH_S = 3600.0
 """Records are rewritten at least this often while unchanged, so a value confirmed by a
 running leader never reads as older than `max_age_s` to the next one."""
@@ -114,6 +115,14 @@ _FIELDS: dict[str, tuple[str, str, float, float]] = {
 }
 
 
+# The learned hold's evidence (`decide.learned_hold`), lists kept as the engine keeps them:
+# levelReturns [[epoch, seconds], ...] oldest first, each shorter than the one before;
+# levelLeaves [epoch, ...] oldest first; at most decide.HOLD_SAMPLES of each (a record of
+# both full is about 1.6 kB).
+RETURNS = "levelReturns"
+LEAVES = "levelLeaves"
+
+
 def encode(learned: types.Learned, *, at: float, policy_fingerprint: str) -> str:
     """One record: compact JSON, camelCase keys, times in epoch seconds."""
     document: dict[str, Any] = {"v": VERSION, "at": round(at, 3), "policy": policy_fingerprint}
@@ -123,7 +132,59 @@ def encode(learned: types.Learned, *, at: float, policy_fingerprint: str) -> str
         value = getattr(learned, attribute)
         if value is not None:
             document[name] = value
+    if learned.level_returns:
+        document[RETURNS] = [[round(r.at, 3), round(r.after_s, 3)]
+                             for r in learned.level_returns]
+    if learned.level_leaves:
+        document[LEAVES] = [round(at, 3) for at in learned.level_leaves]
     return json.dumps(document, separators=(",", ":"))
+
+
+def _entries(name: str, value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise Refused(MALFORMED, f"{name}: not a list")
+    if len(value) > decide.HOLD_SAMPLES:
+        raise Refused(IMPLAUSIBLE, f"{name}: {len(value)} entries, more than "
+                      f"{decide.HOLD_SAMPLES}")
+    return value
+
+
+def _epoch(name: str, value: Any, *, now: float) -> float:
+    """A time seen: not in the future (one older than the engine remembers is forgotten
+    at its next decision, as it would have been)."""
+    at = _number(name, value)
+    if at > now + FUTURE_SKEW_S:
+        raise Refused(IMPLAUSIBLE, f"{name}: {at - now:.0f} s in the future")
+    return at
+
+
+def _levels(document: Mapping[str, Any], *, now: float) -> dict[str, Any]:
+    """The learned hold's lists, checked as the engine keeps them (`decide.learned_hold`
+    reads the longest return first): anything else is refused, never reordered."""
+    values: dict[str, Any] = {}
+    if RETURNS in document:
+        returns: list[types.LevelReturn] = []
+        for entry in _entries(RETURNS, document[RETURNS]):
+            if not isinstance(entry, list) or len(entry) != 2:
+                raise Refused(MALFORMED, f"{RETURNS}: {entry!r} is not [time, seconds]")
+            at = _epoch(RETURNS, entry[0], now=now)
+            after = _number(RETURNS, entry[1])
+            if not 0.0 <= after <= DAY_S:
+                raise Refused(IMPLAUSIBLE, f"{RETURNS}: back after {after!r} s")
+            if returns and (at < returns[-1].at or after >= returns[-1].after_s):
+                raise Refused(MALFORMED, f"{RETURNS}: not oldest first, each shorter than "
+                              "the one before")
+            returns.append(types.LevelReturn(at=at, after_s=after))
+        values["level_returns"] = tuple(returns)
+    if LEAVES in document:
+        leaves: list[float] = []
+        for entry in _entries(LEAVES, document[LEAVES]):
+            at = _epoch(LEAVES, entry, now=now)
+            if leaves and at < leaves[-1]:
+                raise Refused(MALFORMED, f"{LEAVES}: not oldest first")
+            leaves.append(at)
+        values["level_leaves"] = tuple(leaves)
+    return values
 
 
 def _number(name: str, value: Any) -> float:
@@ -181,7 +242,9 @@ def _decoded(text: str, *, now: float, policy_fingerprint: str, max_age_s: float
         if not low <= number <= high:
             raise Refused(IMPLAUSIBLE, f"{name}: {number!r} outside [{low:g}, {high:g}]")
         values[attribute] = int(number) if kind == "count" else number
-    unknown = set(document) - {"v", "at", "policy", "observedUntil", *_FIELDS}
+    values.update(_levels(document, now=now))
+    unknown = set(document) - {"v", "at", "policy", "observedUntil", RETURNS, LEAVES,
+                               *_FIELDS}
     if unknown:
         raise Refused(MALFORMED, f"unknown fields {sorted(unknown)}")
     return types.Learned(**values), at
@@ -238,7 +301,8 @@ def payload(learned: Mapping[str, types.Learned], policies: Mapping[str, model.S
         policy = policies.get(key)
         if policy is None or values == empty:
             continue
-        weight = values.load_samples + values.served_samples + values.returns
+        weight = (values.load_samples + values.served_samples + values.returns
+                  + len(values.level_returns) + len(values.level_leaves))
         records.append((weight, data_key(key), encode(
             values, at=at, policy_fingerprint=fingerprint(policy))))
     for key, text in pending.items():

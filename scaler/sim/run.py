@@ -363,20 +363,28 @@ def series(cluster: sim_cluster.SimCluster, *, metric: str) -> dict[str, list[fl
 
 
 def learned_on(trace: traces.Trace, *, policy: policy_model.ScalePolicy,
-               profile: profiles.ReplicaProfile, dt: float = 0.1,
+               profile: profiles.ReplicaProfile, next_start_s: float, dt: float = 0.1,
                grace_s: float = sim_cluster.TERMINATION_GRACE_S,
                dispatch: sim_cluster.Dispatch = "push") -> engine_types.Learned:
     """What `scaler` learns running `trace` (served share, load of a request, start times,
-    return pattern): the state a model that ran on it before resumes, as the service
-    resumes its ConfigMap's record. Its pod starts are long past for the next run."""
+    return pattern, the learned hold's returns and leaves): the state a model that ran on
+    it before resumes, as the service resumes its ConfigMap's record. The run before ends
+    where the next starts (`next_start_s`, epoch seconds): its returns and leaves are
+    moved there, the last hour before the next run; its pod starts are long past."""
     start = initial_replicas_for(trace, policy=policy, profile=profile, dt=dt,
                                  grace_s=grace_s, dispatch=dispatch)
     strategy = scaler_strategy.ScalerStrategy(policy, start_epoch_s=trace.start_s)
     run_strategy(strategy, trace=trace, profile=profile, pool=pool_for(policy, profile),
                  policy=policy, initial_replicas=start, dt=dt, grace_s=grace_s,
                  dispatch=dispatch)
-    return dataclasses.replace(engine_types.Learned.of(strategy.state),
-                               observed_until=float("-inf"))
+    state = strategy.state
+    ended = state.recommendations[-1].at if state.recommendations else trace.start_s
+    shift = next_start_s - ended
+    return dataclasses.replace(
+        engine_types.Learned.of(state), observed_until=float("-inf"),
+        level_returns=tuple(dataclasses.replace(r, at=r.at + shift)
+                            for r in state.level_returns),
+        level_leaves=tuple(at + shift for at in state.level_leaves))
 
 
 def initial_replicas(policy: policy_model.ScalePolicy, need: npt.NDArray[np.int64]) -> int:

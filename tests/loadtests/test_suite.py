@@ -283,7 +283,8 @@ def test_a_warm_run_starts_the_scaler_from_what_it_learned_on_the_load_before(
     assert before.requests != now.requests or not (before.arrival_s == now.arrival_s).all()
     policy = loader.load_paths([suite.DEFAULT_POLICY]).policies[0]
     profile = profiles.load_profile(policy.spec.profile or "llama-3.1-8b-h100")
-    learned = run.learned_on(before, policy=policy, profile=profile)
+    learned = run.learned_on(before, policy=policy, profile=profile,
+                             next_start_s=now.start_s)
     assert learned.load_samples > 0 and learned.replicas_per_request_rate is not None
     assert learned.observed_until == float("-inf")  # its pod starts are long past
     context = run.context_for(policy=policy, profile=profile, trace=now,

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from scaler.engine import types
 from scaler.service import learned
-from tests.engine.helpers import Sim, policy, value
+from tests.engine.helpers import BASE, Sim, policy, snap, value
 
 TOKENS_AND_QUEUE = {"queueDepth": {"targetWaitingPerReplica": 8},
                     "tokensPerSecond": {"capacityPerReplica": 6000,
@@ -26,7 +26,10 @@ DAY = 86_400.0
 LEARNED = types.Learned(pod_start_s=104.2, node_boot_s=290.0, observed_until=NOW - 50,
                         replicas_per_request_rate=0.0913, load_samples=310,
                         served_share=0.868, served_samples=41, return_gap_s=402.0,
-                        returns=3, horizon_scale=0.5)
+                        returns=3, horizon_scale=0.5,
+                        level_returns=(types.LevelReturn(at=NOW - 1500, after_s=180.5),
+                                       types.LevelReturn(at=NOW - 400, after_s=42.0)),
+                        level_leaves=(NOW - 2000, NOW - 1200, NOW - 300))
 
 
 def _decode(text: str, *, now: float = NOW, max_age_s: float = DAY) -> types.Learned:
@@ -43,8 +46,10 @@ def _record(**fields: Any) -> str:
 
 def test_a_record_round_trips_and_starts_an_engine_state_from_it() -> None:
     text = learned.encode(LEARNED, at=NOW - 60, policy_fingerprint=learned.fingerprint(POLICY))
-    assert len(text) < 400
+    assert len(text) < 500
     assert _decode(text) == LEARNED
+    # A leave older than the engine remembers is no error: its next decision forgets it.
+    assert _decode(_record(levelLeaves=[NOW - 2 * DAY])).level_leaves == (NOW - 2 * DAY,)
     state = LEARNED.state()
     assert types.Learned.of(state) == LEARNED
     assert state.recommendations == () and state.last_desired is None  # windows start empty
@@ -121,6 +126,19 @@ def test_the_fingerprint_follows_the_capacity_model_not_the_bounds() -> None:
     (_record(returns=True), learned.MALFORMED, "returns"),
     (_record(observedUntil=NOW + DAY), learned.IMPLAUSIBLE, "observedUntil"),
     (_record(extra=1), learned.MALFORMED, "unknown fields"),
+    (_record(levelReturns={"at": NOW}), learned.MALFORMED, "levelReturns: not a list"),
+    (_record(levelReturns=[[NOW - 60]]), learned.MALFORMED, "levelReturns"),
+    (_record(levelReturns=[[NOW - 60, -1]]), learned.IMPLAUSIBLE, "levelReturns"),
+    (_record(levelReturns=[[NOW + DAY, 60]]), learned.IMPLAUSIBLE, "levelReturns"),
+    (_record(levelReturns=[[NOW - 60, 30], [NOW - 30, 90]]), learned.MALFORMED,
+     "each shorter than the one before"),
+    (_record(levelReturns=[[NOW - 30, 90], [NOW - 60, 30]]), learned.MALFORMED,
+     "not oldest first"),
+    (_record(levelLeaves=[NOW - t for t in range(33)]), learned.IMPLAUSIBLE,
+     "levelLeaves: 33 entries"),
+    (_record(levelLeaves=[NOW - 10, NOW - 20]), learned.MALFORMED, "levelLeaves"),
+    (_record(levelLeaves=["yesterday"]), learned.MALFORMED, "levelLeaves"),
+    (_record(levelLeaves=[float("inf")]), learned.IMPLAUSIBLE, "levelLeaves"),
     (_record(padding="x" * 5000), learned.MALFORMED, "bytes"),
 ])
 def test_a_bad_record_is_refused_whole_naming_the_field(text: str, reason: str,
@@ -141,8 +159,11 @@ _NUMBERS = (st.floats(allow_nan=True, allow_infinity=True) | st.integers(-10**40
 
 
 @settings(max_examples=300, deadline=None)
-@given(fields=st.dictionaries(st.sampled_from([*learned._FIELDS, "observedUntil", "at"]),
-                              _NUMBERS | _ANY_JSON, max_size=6))
+@given(fields=st.dictionaries(st.sampled_from([*learned._FIELDS, "observedUntil", "at",
+                                               learned.RETURNS, learned.LEAVES]),
+                              _NUMBERS | _ANY_JSON | st.lists(
+                                  _NUMBERS | st.lists(_NUMBERS, max_size=3), max_size=4),
+                              max_size=6))
 def test_whatever_a_record_holds_it_is_refused_or_decided_on_within_bounds(
         fields: dict[str, Any]) -> None:
     text = _record(**fields)
@@ -207,3 +228,33 @@ def test_a_record_taken_onto_a_running_state_keeps_its_windows() -> None:
     assert types.Learned.of(state) == LEARNED
     assert state.recommendations == sim.state.recommendations != ()
     assert state.last_desired == sim.state.last_desired
+
+
+def test_a_restarted_instance_holds_a_fall_as_long_as_the_one_before_had_learned() -> None:
+    # Restart-aware, pod start 60 s, a 300 s window. The first instance saw the load
+    # leave twice (8 replicas of it for 300 s, 6 until 700 s) and its blips come back
+    # within 40 s: a fall is held one pod start. It writes its record and stops.
+    aware = policy(behavior={**BASE["spec"]["behavior"], "restartAware": True})
+    first = Sim(aware, current=8)
+    for t in range(0, 1100, 5):
+        running = (80.0 if t < 300 else 60.0 if t < 700
+                   else 50.0 if (t - 700) % 40 < 10 else 40.0)
+        first.step(t, snap(running=running))
+    assert len(first.state.level_leaves) == 2 and first.current == 5
+    at = first.start + 1100
+    record = learned.encode(types.Learned.of(first.state), at=at,
+                            policy_fingerprint=learned.fingerprint(aware))
+    kept = learned.decode(record, now=at, policy_fingerprint=learned.fingerprint(aware),
+                          max_age_s=DAY)
+    # The load falls to 2 replicas' worth as the next instance starts. Started from the
+    # record it holds its 5 one pod start (60 s); started from nothing, the window.
+    resumed = Sim(aware, current=5, start=at, state=kept.state())
+    fresh = Sim(aware, current=5, start=at)
+    counts, said = {}, {}
+    for t in range(0, 400, 5):
+        counts[t] = (resumed.step(t, snap(running=20.0)), fresh.step(t, snap(running=20.0)))
+        assert resumed.last is not None
+        said[t] = " ".join(step.detail for step in resumed.last.steps)
+    assert counts[55] == (5, 5) and counts[60] == (2, 5)
+    assert counts[295] == (2, 5) and counts[300] == (2, 2)
+    assert "levels left 2 times and none came back later than 40 s: held 60 s" in said[55]

@@ -159,3 +159,20 @@ def test_oracle_is_the_lower_bound_on_a_load_step_too(
     for name, summary in summaries.items():
         if summary["p95_windows_met"] == 1.0:
             assert bound <= summary["gpu_hours"], name
+
+
+def test_a_model_that_ran_before_resumes_its_learned_hold_in_the_hour_before() -> None:
+    # 40 req/s for 4 minutes, then 4 for 10: the levels the first minutes needed leave
+    # for good. What the scaler learned of them is moved to end where the next run starts
+    # (a day later here), as a record written at the end of the run before would be.
+    policy = policy_model.ScalePolicy.model_validate(
+        yaml.safe_load((REPO / "config" / "llama-8b.yaml").read_text()))
+    assert policy.spec.behavior.restart_aware
+    trace = step_trace(segments=[(240.0, 40.0), (600.0, 4.0)], input_tokens=600,
+                       output_tokens=200)
+    profile = profiles.load_profile(policy.spec.profile or "llama-3.1-8b-h100")
+    next_start = trace.start_s + 86_400.0
+    learned = run.learned_on(trace, policy=policy, profile=profile, next_start_s=next_start)
+    times = [*learned.level_leaves, *(r.at for r in learned.level_returns)]
+    assert len(learned.level_leaves) >= 2
+    assert all(next_start - trace.duration_s - 60 <= at <= next_start for at in times)
