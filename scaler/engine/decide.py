@@ -734,6 +734,43 @@ def _return_lead_s(draft: Draft) -> float:
             + RETURN_EARLY_S)
 
 
+def _held_level(draft: Draft, *, peak: float) -> int:
+    """The count to start again for a load that left: the smallest count the engine's own
+    rules kept for the load it read before it left. Not the count, which may still hold a
+    backlog's or a window's replicas, and not the ceiling of the peak reading.
+
+    A reading within the tolerance of the count changes nothing, so the peak needs only
+    `peak / 1.1`. With a tokens/s rule, a rise within its utilisation margin buys a
+    replica only once read for RISE_CONFIRM_S, so the count needs only the highest level
+    held that long (within the tolerance) and `peak x targetUtilization` (the margin).
+    Example: a square wave at 40 req/s reads 3.9 to 4.4 replicas of demand and is served
+    by 4 (4.4 is within 10 % of 4); the ceiling of its 4.4 peak, 5, started a fifth
+    replica ahead of every return, which the down window then held through the load.
+    """
+    spec = draft.spec
+    within = 1 + spec.tolerance
+    if spec.tokens is None:
+        return recommend.ceil_replicas(spec.with_headroom(peak) / within)
+    span, samples = _confirm_s(spec), draft.samples
+    held = 0.0
+    for i, sample in enumerate(samples):
+        # The lowest reading of the span that ends here: the level held through it.
+        start = sample.at - span
+        if samples[0].at > start:
+            continue
+        low = sample.demand
+        for earlier in reversed(samples[:i]):
+            if earlier.at < start:
+                break
+            if earlier.demand < low:
+                low = earlier.demand
+        if low > held:
+            held = low
+    return max(recommend.ceil_replicas(spec.with_headroom(held) / within),
+               recommend.ceil_replicas(spec.with_headroom(peak)
+                                       * spec.tokens.target_utilization))
+
+
 def _pattern(state: types.EngineState) -> float | None:
     """The learned return gap once it has held RETURN_PATTERN times in a row."""
     return state.return_gap_s if state.returns >= RETURN_PATTERN else None
@@ -760,12 +797,11 @@ def expect_return(draft: Draft) -> str:
     state, demand, current = draft.state, draft.demand_now, draft.cluster.current
     note = ""
     if demand is not None and current > 0:
-        # A drop is the load leaving (AWAY_SHARE); the level to come back to is its peak,
-        # not the count, which may still hold a backlog's or a window's replicas.
+        # A drop is the load leaving (AWAY_SHARE) its peak.
         peak = max((d.demand for d in draft.samples), default=demand)
         if state.drop_at is None and demand < AWAY_SHARE * peak:
             state = dataclasses.replace(state, drop_at=now, drop_level=max(
-                1, min(current, recommend.ceil_replicas(peak))))
+                1, min(current, _held_level(draft, peak=peak))))
         elif state.drop_at is not None and demand >= AWAY_SHARE * state.drop_level:
             seen = now - state.drop_at
             gap = state.return_gap_s

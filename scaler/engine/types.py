@@ -294,9 +294,9 @@ class EngineState:
     overloaded_at: when the model was last overloaded (None before): a backlog built then
       drains for a while after, and while it drains it is not load.
     drop_at / drop_level / return_gap_s / returns: restart-aware holding: when demand
-      last fell below the count (and the count then), how long load took to come back
-      after earlier drops (smoothed; None until seen), and how many returns in a row came
-      after about that gap (a pattern once there are two).
+      last fell away (and the count the load held then: `decide._held_level`), how long
+      load took to come back after earlier drops (smoothed; None until seen), and how
+      many returns in a row came after about that gap (a pattern once there are two).
     served_share / served_samples: the share of the tokens/s capacity model that replicas
       were seen to serve while saturated (1 until seen), and how many samples it holds.
     saturated_since / saturated_ready: when the current overload began and the ready

@@ -955,6 +955,49 @@ def test_restart_aware_plans_a_return_that_keeps_coming() -> None:
             < 0.9 * sum(c for t, c in held if t >= 1400))
 
 
+def test_restart_aware_starts_a_return_at_the_count_the_load_held() -> None:
+    # The same square wave, but its on phase reads 7.6 and 8.4 replicas by turns (a rate's
+    # swings; 8.4 is within 10 % of 8: served by 8), and 100 s into each on phase a burst
+    # reads 9.5 and buys 10; after it the 8.4 readings (past 10 % of 10) keep 9 through
+    # the drop. Started again ahead of the third return: 8, what the load held, not the
+    # 9 it left with (the ceiling of its 8.4 peak, too).
+    aware = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=8)
+    counts = {}
+    for cycle in range(4):
+        begin = cycle * 700
+        for t in range(begin, begin + 700, 5):
+            on = t < begin + 300
+            running = (95.0 if t == begin + 100 else 84.0 if t // 5 % 2 else 76.0) if on \
+                else 20.0
+            counts[t] = aware.step(t, snap(running=running))
+    assert aware.state.returns >= 2 and counts[1700] == 9
+    assert min(c for t, c in counts.items() if 1700 <= t < 2100) == 2
+    assert counts[2100 - 120] == 8 and counts[2100 - 125] < 8
+    assert all(counts[t] == 8 for t in range(2100 - 120, 2200, 5))
+
+
+def test_restart_aware_starts_a_return_at_the_level_its_margin_held() -> None:
+    # With a tokens/s rule (target 0.8) the on phase reads 3.9 and 4.3 replicas by turns
+    # and bursts to 5.5 for 30 s, 100 s into it (6 bought, 5 kept after it: 4.3 is past
+    # 10 % of 6). The level held for a rise's confirmation (20 s) is 3.9, within 10 % of
+    # 4, and 4 x 1 / 0.8 carries the 4.3 peak within the margin: the return starts 4,
+    # and 4 serve the on phase until its burst (a start at 5, its peak's ceiling, kept 5).
+    aware = Sim(policy(behavior={**BEHAVIOR, "restartAware": True},
+                       signals={"tokensPerSecond": {"capacityPerReplica": 1000,
+                                                    "targetUtilization": 0.8},
+                                "queueDepth": {"targetWaitingPerReplica": 8}}), current=4)
+    counts = {}
+    for cycle in range(4):
+        begin = cycle * 700
+        for t in range(begin, begin + 700, 5):
+            level = ((5.5 if begin + 100 <= t < begin + 130 else 4.3 if t // 5 % 2 else 3.9)
+                     if t < begin + 300 else 1.0)
+            counts[t] = aware.step(t, snap(tps=level * 800, waiting=0))
+    assert aware.state.returns >= 2 and counts[1740] == 5 and counts[1800] == 1
+    assert counts[2100 - 120] == 4 and counts[2100 - 125] == 1
+    assert all(counts[t] == 4 for t in range(2100 - 120, 2200, 5))
+
+
 def test_restart_aware_holds_while_the_load_climbs_back() -> None:
     # 80 running for 300 s, 20 for 200 s; from the second period the load climbs back
     # over 30 s (20 -> 80 running), as a rate read over a window does. The second return
