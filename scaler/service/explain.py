@@ -95,9 +95,11 @@ def _learned_line(learned: Mapping[str, Any]) -> str | None:
     if learned["return_gap_s"] is not None and learned["returns"]:
         parts.append(f"load came back {learned['return_gap_s']:.0f} s after a drop "
                      f"({learned['returns']} times in a row)")
-    if learned["level_leaves"]:
-        longest = max((r["after_s"] for r in learned["level_returns"]), default=None)
-        parts.append(f"levels of the load left {len(learned['level_leaves'])} times"
+    # .get: an audit line written before the learned hold was kept has neither.
+    leaves, returns = learned.get("level_leaves") or (), learned.get("level_returns") or ()
+    if leaves:
+        longest = max((r["after_s"] for r in returns), default=None)
+        parts.append(f"levels of the load left {len(leaves)} times"
                      + ("" if longest is None else f" and came back within {longest:.0f} s"))
     if learned["horizon_scale"] < 0.999:
         parts.append(f"{learned['horizon_scale']:.0%} of the trend is trusted")

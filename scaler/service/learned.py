@@ -116,7 +116,7 @@ _FIELDS: dict[str, tuple[str, str, float, float]] = {
 
 
 # The learned hold's evidence (`decide.learned_hold`), lists kept as the engine keeps them:
-# levelReturns [[epoch, seconds], ...] oldest first, each shorter than the one before;
+# levelReturns [[epoch, seconds], ...] oldest first, each no longer than the one before;
 # levelLeaves [epoch, ...] oldest first; at most decide.HOLD_SAMPLES of each (a record of
 # both full is about 1.6 kB).
 RETURNS = "levelReturns"
@@ -171,9 +171,10 @@ def _levels(document: Mapping[str, Any], *, now: float) -> dict[str, Any]:
             after = _number(RETURNS, entry[1])
             if not 0.0 <= after <= DAY_S:
                 raise Refused(IMPLAUSIBLE, f"{RETURNS}: back after {after!r} s")
-            if returns and (at < returns[-1].at or after >= returns[-1].after_s):
-                raise Refused(MALFORMED, f"{RETURNS}: not oldest first, each shorter than "
-                              "the one before")
+            # No longer, not shorter: two the engine kept apart may round to the same.
+            if returns and (at < returns[-1].at or after > returns[-1].after_s):
+                raise Refused(MALFORMED, f"{RETURNS}: not oldest first, each no longer "
+                              "than the one before")
             returns.append(types.LevelReturn(at=at, after_s=after))
         values["level_returns"] = tuple(returns)
     if LEAVES in document:

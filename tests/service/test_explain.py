@@ -114,3 +114,12 @@ def test_what_the_engine_learned_is_said_only_once_it_has_learned_it() -> None:
         "replicas (310 samples); a pod starts in 104 s; load came back 402 s after a drop "
         "(3 times in a row); levels of the load left 2 times and came back within 95 s; "
         "50% of the trend is trusted.")
+
+
+def test_an_audit_line_from_before_the_learned_hold_was_kept_still_explains() -> None:
+    # `scaler explain --audit` reads lines older versions wrote: their learned state has
+    # no returns or leaves of levels.
+    document = {"served_share": 1.0, "served_samples": 0, "replicas_per_request_rate": None,
+                "load_samples": 0, "pod_start_s": 104.2, "node_boot_s": None,
+                "return_gap_s": None, "returns": 0, "horizon_scale": 1.0}
+    assert explain._learned_line(document) == "Learned: a pod starts in 104 s."
