@@ -174,7 +174,12 @@ def test_whatever_a_record_holds_it_is_refused_or_decided_on_within_bounds(
         resumed = _decode(text)
     except learned.Refused:
         return
-    sim = Sim(POLICY, current=4, start=NOW, state=resumed.state())
+    # Restart-aware, so the learned hold's lists are read too (the behavior is not in the
+    # fingerprint: the record is this policy's).
+    aware = policy(signals=TOKENS_AND_QUEUE, replicas={"min": 1, "max": 40},
+                   behavior={**BASE["spec"]["behavior"], "restartAware": True})
+    assert learned.fingerprint(aware) == learned.fingerprint(POLICY)
+    sim = Sim(aware, current=4, start=NOW, state=resumed.state())
     for t in range(0, 20, 2):
         desired = sim.step(t, _calm() if t < 10 else _saturated(), ready=4)
         assert 1 <= desired <= 40
