@@ -332,7 +332,10 @@ async def test_scaler_run_process_drains_on_sigterm(
                 assert process.returncode is None, log_path.read_text()
                 await asyncio.sleep(0.1)
         await publish(nats_url, burst(sources=30, in_flight=5.0))
-        await eventually(lambda: replicas(emulator) == 15, what="scaled by the process")
+        # 150 in flight need 15. Across processes the burst may arrive in two reads, so the
+        # first evaluation may see 140 of them (14), and 15 is within the 10 % tolerance
+        # of 14: either count is the process scaling on the burst.
+        await eventually(lambda: replicas(emulator) in (14, 15), what="scaled by the process")
         process.send_signal(signal.SIGTERM)
         async with asyncio.timeout(30):
             code = await process.wait()
