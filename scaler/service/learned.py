@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 
 VERSION = 1
 MAX_RECORD_BYTES = 4096
-"""A record is about 300 bytes; a longer one is not ours."""
+"""A record is about 300 bytes (1.6 kB with the learned hold's lists full); a longer one
+is not ours."""
 MAX_DATA_BYTES = 900_000
 """The records written, in bytes of keys and values: under the API server's 1 MiB
 (1,048,576 bytes) for a ConfigMap's data, with room for its metadata. About 3,000 models
