@@ -758,14 +758,11 @@ def _held_level(draft: Draft, *, peak: float) -> int:
         start = sample.at - span
         if samples[0].at > start:
             continue
-        low = sample.demand
-        for earlier in reversed(samples[:i]):
-            if earlier.at < start:
-                break
-            if earlier.demand < low:
-                low = earlier.demand
-        if low > held:
-            held = low
+        low, j = sample.demand, i - 1
+        while j >= 0 and samples[j].at >= start:
+            low = min(low, samples[j].demand)
+            j -= 1
+        held = max(held, low)
     return max(recommend.ceil_replicas(spec.with_headroom(held) / within),
                recommend.ceil_replicas(spec.with_headroom(peak)
                                        * spec.tokens.target_utilization))
