@@ -865,11 +865,12 @@ def learned_hold(draft: Draft, window: int) -> tuple[int, str]:
     Holding a replica the load left costs its idle time; releasing it costs a restart
     (its pod start in GPU time, and the SLO while it starts) if the load comes back.
     The engine watches every level of demand it recommended: *back* when the count it
-    needs is recommended again within the window (after how long), *gone* when it is
-    not (seen as it leaves the window). Once levels were seen gone HOLD_EVIDENCE times
-    in the last hour, replicas are held 1.5x the longest return seen, at least one pod
-    start (a shorter hold saves less than the restart costs) and at most the window;
-    until then, the window; and the window while the KV cache is the winning reading.
+    needs is recommended again within the window (after how long; not while a backlog is
+    served, whose swings are its own), *gone* when it is not (seen as it leaves the
+    window). Once levels were seen gone HOLD_EVIDENCE times in the last hour, replicas
+    are held 1.5x the longest return seen, at least one pod start (a shorter hold saves
+    less than the restart costs) and at most the window; until then, the window; and the
+    window while the KV cache is the winning reading.
     Example (pod start 60 s, a 300 s window): levels 8 and 6 were never needed again, and
     blips to 5 came back within 40 s (1.5 x 40 <= 60): after a fall to 2, each level goes
     60 s after it was last recommended. Blips every 200 s (back after 195 s): held
@@ -887,10 +888,14 @@ def learned_hold(draft: Draft, window: int) -> tuple[int, str]:
         returns = tuple([r for r in returns if r.at > forget])
     if leaves and leaves[0] <= forget:
         leaves = tuple([t for t in leaves if t > forget])
-    if history and level_now > _level(history[-1]):
+    if history and level_now > _level(history[-1]) and not draft.backlogged:
         # Back: the level now (or the highest of the window, if lower) was recommended
         # before, within the window, and not since: the newest such recommendation, found
-        # walking back (levels inline: this runs at every rise).
+        # walking back (levels inline: this runs at every rise). Not while a backlog is
+        # served: the readings then count it (or are held to an estimate of the load), so
+        # their swings are its echo, not load that came back. Two such returns in a step's
+        # first drain held every later fall 292 s where the load's own showed a pod start
+        # (square-slow: 9 % fewer GPU-hours, the same windows; docs/benchmarks.md).
         start, back, since = now - window, _level(history[-1]), None
         for r in reversed(history):
             if r.at <= start:

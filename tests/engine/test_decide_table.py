@@ -1130,6 +1130,28 @@ def test_restart_aware_keeps_the_window_for_levels_that_come_back_late() -> None
     assert any("came back within 195 s: held 293 s" in s.detail for s in aware.last.steps)
 
 
+def _swing(sim: Sim, *, waiting: float) -> None:
+    """Demand for 12 replicas, then 10 for 50 s, then 12 again 55 s after it was last
+    recommended: running + `waiting` at 10 per replica (8 ready at first)."""
+    for t in range(0, 200, 5):
+        running = 100.0 - waiting if 50 <= t < 100 else 120.0 - waiting
+        sim.step(t, snap(running=running, waiting=waiting))
+
+
+def test_restart_aware_learns_no_return_from_a_backlog() -> None:
+    # While a backlog is served the readings count it: a queue's swings are the backlog's
+    # echo, not load that came back, so they teach the learned hold nothing. The same
+    # swing with nothing waiting is a level of the load returning after 55 s (1.5 x 55 =
+    # 82 s, longer than the 60 s pod start: it would hold later falls 82 s).
+    backlogged = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=8)
+    _swing(backlogged, waiting=40.0)  # beyond 1 waiting per ready replica: overloaded
+    assert backlogged.last is not None and backlogged.last.desired == 12
+    assert backlogged.state.level_returns == ()
+    steady = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=8)
+    _swing(steady, waiting=0.0)
+    assert [r.after_s for r in steady.state.level_returns] == [55.0]
+
+
 def test_restart_aware_keeps_the_window_while_the_kv_cache_binds() -> None:
     # Memory-bound: the KV cache's reading wins. Its dips are answers ending together,
     # not load that left, so whatever was learned the policy's window holds.
