@@ -893,9 +893,10 @@ def learned_hold(draft: Draft, window: int) -> tuple[int, str]:
         # before, within the window, and not since: the newest such recommendation, found
         # walking back (levels inline: this runs at every rise). Not while a backlog is
         # served: the readings then count it (or are held to an estimate of the load), so
-        # their swings are its echo, not load that came back. Two such returns in a step's
-        # first drain held every later fall 292 s where the load's own showed a pod start
-        # (square-slow: 9 % fewer GPU-hours, the same windows; docs/benchmarks.md).
+        # their swings are its echo, not load that came back. On square-slow two such
+        # returns in the first drain held every later fall 292 s, where the levels of the
+        # load itself, which left for good, held them a pod start (9 % fewer GPU-hours
+        # without them, the same windows; docs/benchmarks.md).
         start, back, since = now - window, _level(history[-1]), None
         for r in reversed(history):
             if r.at <= start:

@@ -1142,7 +1142,7 @@ def test_restart_aware_learns_no_return_from_a_backlog() -> None:
     # While a backlog is served the readings count it: a queue's swings are the backlog's
     # echo, not load that came back, so they teach the learned hold nothing. The same
     # swing with nothing waiting is a level of the load returning after 55 s (1.5 x 55 =
-    # 82 s, longer than the 60 s pod start: it would hold later falls 82 s).
+    # 82.5 s, longer than the 60 s pod start: it would hold later falls 83 s).
     backlogged = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=8)
     _swing(backlogged, waiting=40.0)  # beyond 1 waiting per ready replica: overloaded
     assert backlogged.last is not None and backlogged.last.desired == 12
