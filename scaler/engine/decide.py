@@ -90,6 +90,7 @@ class Draft:
     steady: bool = True  # unless the flow balance sees the system grow or shrink
     raw: int | None = None
     load_raw: int | None = None  # the recommendation without the backlog's drain term
+    tolerated: int | None = None  # one less than raw, when its tolerance keeps the reading
     winner: Rule | None = None
     desired: int | None = None
 
@@ -525,6 +526,11 @@ def recommend_replicas(draft: Draft) -> str:
         raw = max([current] + [r for r, rule, _ in candidates
                                if rule.kind is not Kind.CAPACITY])
     draft.raw, draft.winner, draft.desired = raw, winner, raw
+    draft.tolerated = tolerated_count(draft, candidates=candidates, judged=judged,
+                                      demand=raw_demand)
+    if draft.tolerated is not None:
+        draft.notes.append(f"{judged} at {raw_demand:.2f} replicas would not raise "
+                           f"{draft.tolerated}: the down window holds {draft.tolerated}")
     if draft.backlogged:
         # Only where the load is known: the arrival rate sized by the learned load.
         load = [r for r, rule, _ in candidates
@@ -533,6 +539,63 @@ def recommend_replicas(draft: Draft) -> str:
             draft.load_raw = min(raw, max(load))
     return f"{raw} replicas ({winner}" + ("; a rise within the margin, not yet confirmed)"
                                          if unconfirmed else ")")
+
+
+def tolerated_count(draft: Draft, *, candidates: list[tuple[int, Rule, float]],
+                    judged: Rule, demand: float) -> int | None:
+    """The count one below the recommendation when that count would hold this reading: its
+    tolerance (10 %) keeps it, or the reading is a rise within its utilisation margin not
+    yet confirmed (`_rise_confirmed`). The down window then holds that count, not the
+    recommendation (None: the recommendation itself).
+
+    The tolerance both ways. A reading of 2.05 replicas at 2 changes nothing, yet rounded
+    up to 3 it held the third replica the whole down window once there: a 1,500-token
+    answer load reading 1.9 to 2.4 replicas on 3 held all 3 for eight minutes, where 2
+    carry it (KPA-style scaling ran 2 and met every window). Not for:
+    - a rise (the recommendation above the count): what is bought is what is held;
+    - a backlog being served, whose readings are not the load;
+    - the KV cache, or a queue or latency guard, asking for the count (memory's margin is
+      not compute's, and pressure is a shortfall already);
+    - a load climbing (`_climbing`): the count it reads now may be short a minute on;
+    - no down window, or one shorter than a pod start: a count bought would go at once,
+      or before it is ready (with a 0 s window, 10 bought for 9.5 replicas and 9 kept the
+      next second).
+    """
+    spec, raw, lower, times = draft.spec, draft.raw, (draft.raw or 0) - 1, draft.times
+    window = spec.behavior.scale_down.stabilization_seconds
+    if (raw is None or lower < 1 or raw > draft.cluster.current or draft.backlogged
+            or judged.kind is not Kind.CAPACITY or judged is Rule.KV_CACHE or times is None
+            or window <= 0 or window < times.pod_start_s):
+        return None
+    if any(count >= raw for count, rule, _ in candidates
+           if rule.kind is not Kind.CAPACITY or rule is Rule.KV_CACHE):
+        return None
+    if _climbing(draft):
+        return None
+    if (demand <= lower * (1 + spec.tolerance)
+            or not _rise_confirmed(draft, current=lower, demand=demand)):
+        return lower
+    return None
+
+
+# Demand is climbing while it reads more than the tolerance above its reading this long ago
+# (one of the yardstick's SLO windows; at most the forecast window the samples span).
+CLIMB_S = 60.0
+
+
+def _climbing(draft: Draft) -> bool:
+    """Whether capacity demand reads more than `behavior.tolerance` above its reading
+    CLIMB_S ago: load arriving, whose next minute may need what is held. False without a
+    demand reading or a sample that old."""
+    demand = draft.demand_now
+    since = draft.now - min(CLIMB_S, draft.spec.forecast_window_s)
+    before = None
+    for sample in draft.samples:  # in time order
+        if sample.at > since:
+            break
+        before = sample.demand
+    return demand is not None and before is not None and demand > before * (
+        1 + draft.spec.tolerance)
 
 
 # A rise within the utilisation margin must be read this long before it buys a replica:
@@ -682,6 +745,9 @@ def stabilize_count(draft: Draft) -> str:
     if draft.spec.restart_aware:
         down_window, hold = restart_hold(draft)
     history = draft.state.recommendations
+    if any(r.tolerated is not None for r in history):
+        history = tuple(r if r.tolerated is None else
+                        dataclasses.replace(r, replicas=r.tolerated) for r in history)
     if ((not draft.backlogged or (draft.draining and not draft.held_to_load))
             and list(map(_LOAD, history)).count(None) < len(history)):  # one has a load
         # A backlog is a one-off need: once it is worked off (no reading above load +
@@ -691,12 +757,24 @@ def stabilize_count(draft: Draft) -> str:
         # needs 6; the 9 were held 300 s after the drain, 1.3 GPU-h of a 2.9 GPU-h run.
         history = tuple(r if r.load is None else dataclasses.replace(r, replicas=r.load)
                         for r in history)
-    desired = stabilize.stabilize(behavior, current=current, recommendation=draft.raw,
+    held = draft.raw if draft.tolerated is None else draft.tolerated
+    desired = stabilize.stabilize(behavior, current=current, recommendation=held,
                                   history=history, now=draft.now,
                                   down_window_s=down_window)
-    if desired == draft.raw:
-        return "within the windows" + (f"; {hold}" if hold else "")
-    down = desired > draft.raw
+    if desired < current and _climbing(draft):
+        # No release while the load climbs: a square wave's off phase ended as its 300 s
+        # window did, and the second replica went the second the load came back.
+        if draft.count() != current:
+            draft.clamp(ClampName.STABILIZATION_DOWN, current,
+                        f"demand climbs: no release below {current}")
+        draft.desired = current
+        return "demand climbs: no release" + (f"; {hold}" if hold else "")
+    if desired == held:
+        kept = ""
+        if held != draft.raw:
+            draft.desired, kept = held, f", {held} as the tolerance holds"
+        return f"within the windows{kept}" + (f"; {hold}" if hold else "")
+    down = desired > held
     seconds = down_window if down else behavior.scale_up.stabilization_seconds
     window = "down" if down else "up"
     draft.clamp(ClampName.STABILIZATION_DOWN if down else ClampName.STABILIZATION_UP, desired,
@@ -1156,8 +1234,8 @@ def _remember(draft: Draft, decision: types.Decision) -> types.EngineState:
     # full every decision (60 recommendations at one decision per 5 s).
     recs_after, events_after = now - keep_recs, now - keep_events
     recommendations = tuple([r for r in state.recommendations if r.at > recs_after])
-    recommendations = (*recommendations, types.Recommendation(at=now, replicas=raw,
-                                                              load=draft.load_raw))
+    recommendations = (*recommendations, types.Recommendation(
+        at=now, replicas=raw, load=draft.load_raw, tolerated=draft.tolerated))
     events = tuple([e for e in state.events if e.at > events_after])
     if decision.desired != decision.current:
         events = (*events, types.ScaleEvent(at=now, delta=decision.desired - decision.current))

@@ -215,11 +215,15 @@ class Recommendation:
     `load`: when it was made while a backlog was being served (overloaded or draining),
     the replicas the load alone needed then (None otherwise): once the backlog is gone the
     down window holds that, not what draining it took.
+    `tolerated`: one less than `replicas` when that count's tolerance (or its utilisation
+    margin) would have kept it for the same reading (None otherwise): what the down window
+    holds, so a reading at 2.05 replicas, rounded up to 3, holds 2 and not 3.
     """
 
     at: float
     replicas: int
     load: int | None = None
+    tolerated: int | None = None
 
 
 @fast_init
