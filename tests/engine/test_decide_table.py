@@ -554,13 +554,12 @@ def test_the_down_window_holds_the_count_the_tolerance_keeps() -> None:
     assert early.last is not None and early.last.recommendation == 3
     assert "tokens_per_second at 2.15 replicas would not raise 2: the down window holds 2" \
         in early.last.notes
-    # Readings a count below would not hold (2.3 is beyond 2's tolerance, and without a
-    # confirmed rise within the margin there is no margin without a queue to read strain
-    # from) keep 3: only the tolerance moves.
+    # Readings 2 would not hold keep 3: 2.3 is beyond 2's tolerance, and with no queue
+    # reading strain is unknown, so the utilisation margin does not hold it either.
     wider = Sim(policy(signals=TOKENS), current=3)
     assert set(_wobble(wider, until=700, readings=(2.3, 1.95, 2.3, 1.9))) == {3}
-    # A down window shorter than a pod start (60 s here) keeps what a rise bought: 3
-    # bought for 2.15 replicas would otherwise go the next decision, before it is ready.
+    # A down window shorter than a pod start (60 s here) keeps what a rise bought: the
+    # third replica bought for 2.15 would otherwise go after 30 s, before it is ready.
     short = {**BEHAVIOR, "scaleDown": {"stabilizationSeconds": 30, "policies": []}}
     quick = Sim(policy(signals=TOKENS, behavior=short), current=1)
     assert quick.step(0, snap(tps=2.15 * PER_REPLICA_TPS)) == 3
@@ -580,7 +579,6 @@ def test_no_release_while_demand_climbs() -> None:
              for t, share in zip(range(400, 440, 5), (0.04, 0.2, 0.45, 0.7, 0.9, 1, 1, 1),
                                  strict=True)]
     assert climb == [2] * 8
-    assert sim.last is not None
     # Flat again: the load needs the 2 (1.4 replicas), and they are held as its own.
     assert sim.step(500, snap(tps=1.4 * PER_REPLICA_TPS)) == 2
     # A load that stays away is released: no climb, the window has passed.
