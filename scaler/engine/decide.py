@@ -27,6 +27,7 @@ ClampName = types.ClampName
 # A recommendation's `load`, read in C over a window (60 entries at one decision per 5 s):
 # no copy of the window when none has one.
 _LOAD = operator.attrgetter("load")
+_TOLERATED = operator.attrgetter("tolerated")
 
 
 def decide(
@@ -88,6 +89,7 @@ class Draft:
     backlogged: bool = False  # overloaded or draining: backlog readings are not load
     held_to_load: bool = False  # some backlog reading read more than load + draining
     steady: bool = True  # unless the flow balance sees the system grow or shrink
+    climbing: bool = False  # demand read more than the tolerance above a minute before
     raw: int | None = None
     load_raw: int | None = None  # the recommendation without the backlog's drain term
     tolerated: int | None = None  # one less than raw, when its tolerance keeps the reading
@@ -450,6 +452,7 @@ def look_ahead(draft: Draft) -> str:
     if draft.demand_now is not None:
         samples = (*samples, types.DemandSample(at=draft.now, demand=draft.demand_now))
     draft.samples = forecast.window(samples, now=draft.now, seconds=spec.forecast_window_s)
+    draft.climbing = _climbing(draft)
     draft.state = forecast.check_forecast(draft.state, now=draft.now,
                                           demand_now=draft.demand_now)
     draft.forecast = _forecast(draft)
@@ -561,17 +564,17 @@ def tolerated_count(draft: Draft, *, candidates: list[tuple[int, Rule, float]],
       or before it is ready (with a 0 s window, 10 bought for 9.5 replicas and 9 kept the
       next second).
     """
-    spec, raw, lower, times = draft.spec, draft.raw, (draft.raw or 0) - 1, draft.times
+    spec, raw, times = draft.spec, draft.raw, draft.times
     window = spec.behavior.scale_down.stabilization_seconds
-    if (raw is None or lower < 1 or raw > draft.cluster.current or draft.backlogged
-            or judged.kind is not Kind.CAPACITY or judged is Rule.KV_CACHE or times is None
+    if (raw is None or raw < 2 or raw > draft.cluster.current or draft.backlogged
+            or draft.climbing or judged.kind is not Kind.CAPACITY
+            or judged is Rule.KV_CACHE or times is None
             or window <= 0 or window < times.pod_start_s):
         return None
     if any(count >= raw for count, rule, _ in candidates
            if rule.kind is not Kind.CAPACITY or rule is Rule.KV_CACHE):
         return None
-    if _climbing(draft):
-        return None
+    lower = raw - 1
     if (demand <= lower * (1 + spec.tolerance)
             or not _rise_confirmed(draft, current=lower, demand=demand)):
         return lower
@@ -745,7 +748,7 @@ def stabilize_count(draft: Draft) -> str:
     if draft.spec.restart_aware:
         down_window, hold = restart_hold(draft)
     history = draft.state.recommendations
-    if any(r.tolerated is not None for r in history):
+    if list(map(_TOLERATED, history)).count(None) < len(history):  # one has a tolerated
         history = tuple(r if r.tolerated is None else
                         dataclasses.replace(r, replicas=r.tolerated) for r in history)
     if ((not draft.backlogged or (draft.draining and not draft.held_to_load))
@@ -761,7 +764,7 @@ def stabilize_count(draft: Draft) -> str:
     desired = stabilize.stabilize(behavior, current=current, recommendation=held,
                                   history=history, now=draft.now,
                                   down_window_s=down_window)
-    if desired < current and _climbing(draft):
+    if desired < current and draft.climbing:
         # No release while the load climbs: a square wave's off phase ended as its 300 s
         # window did, and the second replica went the second the load came back.
         if draft.count() != current:
