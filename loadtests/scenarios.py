@@ -20,7 +20,7 @@ import argparse
 import math
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -318,6 +318,20 @@ def scenario(name: str, **params: float) -> Scenario:
     except TypeError:
         raise ValueError(f"scenario {name!r} takes {', '.join(_parameters(name))}; "
                          f"got {', '.join(params)}") from None
+
+
+# The shapes whose length mix is their point: `with_lengths` gives another shape theirs.
+LENGTH_MIXES = ("long-context", "bimodal", "long-output")
+
+
+def with_lengths(shape: Scenario, mix: str) -> Scenario:
+    """`shape` (its rate over time) drawing its lengths from the default mix of the
+    length-mix shape `mix` (LENGTH_MIXES): a square wave of half 6k-token prompts, a step
+    of long contexts. Example: `with_lengths(scenario("square"), "bimodal")`."""
+    if mix not in LENGTH_MIXES:
+        raise ValueError(f"unknown length mix {mix!r}; choose from {', '.join(LENGTH_MIXES)}")
+    return replace(shape, lengths=SHAPES[mix]().lengths,
+                               description=f"{shape.description}, {mix} lengths")
 
 
 def _parameters(name: str) -> list[str]:

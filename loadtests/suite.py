@@ -12,6 +12,7 @@ Pareto view, with the oracle and static-peak as reference points).
         --headroom fraction=0.25   # also the scaler with spare capacity: its price
     .venv/bin/python -m loadtests.suite --out /tmp/suite --seeds 3   # over three seeds
     .venv/bin/python -m loadtests.suite --out /tmp/holdout --holdout  # loads not tuned on
+    .venv/bin/python -m loadtests.suite --out /tmp/mixes --mixes  # long prompts that step
 
 A `--headroom` variant is the scaler strategy on the policy with `spec.headroom` set, named
 `scaler+1` (one spare replica) or `scaler+25%` (a quarter more capacity), beside the
@@ -25,6 +26,8 @@ and the worst seed, and the run ends with a table of them.
 
 `--holdout` replays the hold-out shapes (HOLDOUT) instead: twenty-four loads the example
 policy was not tuned on, to check that what the suite shows is behaviour, not a fit.
+`--mixes` replays the length mixes on shapes that change in time (MIXES): a square wave
+of half 6k-token prompts, a step and a sawtooth of long contexts, a ramp of long answers.
 
 Shared traces are read from `../shared/traces` beside the repository (or
 `$SCALER_TRACES`); what is absent is skipped with a line saying so.
@@ -134,6 +137,30 @@ HOLDOUT: dict[str, tuple[str, dict[str, float]]] = {
     "stairs-2x": ("stairs", {"low": 5.0, "factor": 2.0, "steps": 3.0, "hold": 300.0}),
 }
 HOLDOUT_SEED = 11
+# The length mixes on shapes that change in time (`--mixes`): the suite and the hold-out
+# test lengths only on a slow +-30 % wobble, but a long-prompt or long-answer load also
+# steps, bursts and climbs. Label -> (shape, parameters, length mix of
+# scenarios.LENGTH_MIXES); drawn with MIXES_SEED. Added in the twenty-first session, drawn
+# and first measured before any change was tried on them.
+MIXES: dict[str, tuple[str, dict[str, float], str]] = {
+    "square-bimodal": ("square", {"low": 4.0, "high": 24.0, "period": 900.0,
+                                  "cycles": 3.0}, "bimodal"),
+    "flash-lc": ("flash", {"base": 3.0, "peak": 18.0, "at": 600.0, "rise": 30.0,
+                           "decay": 300.0, "duration": 1800.0}, "long-context"),
+    "ramp-lo": ("ramp", {"low": 1.0, "high": 9.0, "duration": 2400.0, "hold": 300.0},
+                "long-output"),
+    "step-lc": ("step", {"low": 3.0, "high": 12.0, "at": 600.0, "hold": 900.0,
+                         "after": 600.0}, "long-context"),
+    "stairs-bimodal": ("stairs", {"low": 4.0, "factor": 1.5, "steps": 4.0, "hold": 300.0},
+                       "bimodal"),
+    "square-lo": ("square", {"low": 1.0, "high": 8.0, "period": 1200.0, "cycles": 2.0},
+                  "long-output"),
+    "sawtooth-lc": ("sawtooth", {"low": 2.0, "high": 12.0, "climb": 400.0, "period": 600.0,
+                                 "cycles": 4.0}, "long-context"),
+    "daily-bimodal": ("daily", {"trough": 2.0, "peak": 30.0, "day": 5400.0,
+                                "duration": 5400.0}, "bimodal"),
+}
+MIXES_SEED = 21
 # `--warm`: the load a model ran before is the same shape drawn with seed + this (or a
 # shared trace loaded with it).
 WARM_SEED_OFFSET = 1000
@@ -191,27 +218,38 @@ def scenario_items(out: Path, *, quick: bool, seeds: int = 1, warm: bool = False
     """Write each scenario's trace under `out/traces`, once per seed, and describe it
     (`step.csv` for one seed, `step-seed3.csv`, `step-seed4.csv`, ... for several)."""
     chosen = scenarios.QUICK if quick else FULL
-    return _shape_items(out, {name: (name, params) for name, params in chosen.items()},
+    return _shape_items(out, {name: scenarios.scenario(name, **params)
+                              for name, params in chosen.items()},
                         first_seed=SCENARIO_SEED, seeds=seeds, warm=warm)
 
 
 def holdout_items(out: Path, *, seeds: int = 1, warm: bool = False) -> list[Item]:
     """The hold-out shapes (HOLDOUT), written under `out/traces` like scenario_items."""
-    return _shape_items(out, HOLDOUT, first_seed=HOLDOUT_SEED, seeds=seeds,
-                        grace_s=HOLDOUT_GRACE_S, warm=warm)
+    return _shape_items(out, {label: scenarios.scenario(name, **params)
+                              for label, (name, params) in HOLDOUT.items()},
+                        first_seed=HOLDOUT_SEED, seeds=seeds, grace_s=HOLDOUT_GRACE_S,
+                        warm=warm)
 
 
-def _shape_items(out: Path, shapes: dict[str, tuple[str, dict[str, float]]], *,
+def mixes_items(out: Path, *, seeds: int = 1, warm: bool = False) -> list[Item]:
+    """The length mixes on shapes that change in time (MIXES), written like
+    scenario_items."""
+    return _shape_items(out, {label: scenarios.with_lengths(scenarios.scenario(name, **params),
+                                                            mix)
+                              for label, (name, params, mix) in MIXES.items()},
+                        first_seed=MIXES_SEED, seeds=seeds, warm=warm)
+
+
+def _shape_items(out: Path, shapes: dict[str, scenarios.Scenario], *,
                  first_seed: int, seeds: int, grace_s: dict[str, float] | None = None,
                  warm: bool = False) -> list[Item]:
-    """Label -> (shape, parameters): each drawn under `seeds` seeds from `first_seed`,
-    written under `out/traces`; `grace_s` gives a label's grace period other than the
-    default; `warm`: also the draw its model ran before (`Item.warm_path`)."""
+    """Label -> shape: each drawn under `seeds` seeds from `first_seed`, written under
+    `out/traces`; `grace_s` gives a label's grace period other than the default; `warm`:
+    also the draw its model ran before (`Item.warm_path`)."""
     folder = out / "traces"
     folder.mkdir(parents=True, exist_ok=True)
     items = []
-    for label, (name, params) in shapes.items():
-        shape = scenarios.scenario(name, **params)
+    for label, shape in shapes.items():
         for seed in range(first_seed, first_seed + seeds):
             path = folder / (f"{label}.csv" if seeds == 1 else f"{label}-seed{seed}.csv")
             shape.write(path, seed=seed)
@@ -598,6 +636,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--holdout", action="store_true",
                         help="the hold-out shapes (HOLDOUT: loads the example was not tuned "
                         f"on, seed {HOLDOUT_SEED}) instead of the suite's traces")
+    parser.add_argument("--mixes", action="store_true",
+                        help="the length mixes on shapes that change in time (MIXES: a "
+                        "square wave of half 6k-token prompts, a step of long contexts, "
+                        f"...; seed {MIXES_SEED}) instead of the suite's traces")
     parser.add_argument("--only", default=None, help="comma-separated trace names to run")
     parser.add_argument("--headroom", action="append", default=[], type=headroom_variant,
                         metavar="replicas=N|fraction=F",
@@ -634,11 +676,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         skipped.append(line.removeprefix("suite: "))
         say(line)
 
+    if args.holdout and args.mixes:
+        say("suite: --holdout and --mixes are two sets; run them one at a time")
+        return 2
     if args.holdout:
         items = holdout_items(args.out, seeds=args.seeds, warm=args.warm)
+    elif args.mixes:
+        items = mixes_items(args.out, seeds=args.seeds, warm=args.warm)
     else:
         items = scenario_items(args.out, quick=args.quick, seeds=args.seeds, warm=args.warm)
-    if not args.quick and not args.holdout:
+    if not args.quick and not args.holdout and not args.mixes:
         items += shared_items(SHARED, say=skip, seeds=args.seeds)
     if args.only:
         keep = {n.strip() for n in args.only.split(",")}
@@ -696,7 +743,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         document["seeds"] = {
             source: list(range(first, first + args.seeds))
-            for source, first in (("scenario", SCENARIO_SEED), ("shared", SHARED_SEED))}
+            for source, first in (("scenario", HOLDOUT_SEED if args.holdout else MIXES_SEED
+                                   if args.mixes else SCENARIO_SEED),
+                                  ("shared", SHARED_SEED))}
         for name in traced:
             replays = {str(seed): replay for (trace, seed), replay in runs.items()
                        if trace == name}

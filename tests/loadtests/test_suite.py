@@ -182,6 +182,27 @@ def test_the_holdout_set_is_its_own_shapes_with_their_grace_periods(tmp_path: Pa
     assert scenarios.scenario("square", **suite.HOLDOUT["square-fast"][1]).rises[0] == 90.0
 
 
+def test_the_mixes_set_draws_each_shape_with_its_length_mix(tmp_path: Path) -> None:
+    items = suite.mixes_items(tmp_path)
+    assert [i.name for i in items] == list(suite.MIXES)
+    assert not set(suite.MIXES) & (set(suite.FULL) | set(suite.HOLDOUT))
+    for item in items:
+        shape, params, mix = suite.MIXES[item.name]
+        assert item.seed == suite.MIXES_SEED and mix in item.description
+        # The shape's rises, the mix's lengths: a square wave of bimodal prompts has the
+        # square wave's rises, and its mean prompt is the bimodal mix's, not chat's.
+        assert item.rises == scenarios.scenario(shape, **params).replay_rises()
+        trace = item.load()
+        mean_prompt = float(trace.input_tokens.mean())
+        modes = scenarios.SHAPES[mix]().lengths
+        expected = sum(m.input_mean * m.weight for m in modes) / sum(m.weight for m in modes)
+        assert mean_prompt == pytest.approx(expected, rel=0.15), item.name
+    square = next(i for i in items if i.name == "square-bimodal")
+    assert square.rises and square.load().input_tokens.mean() > 2 * scenarios.CHAT[0].input_mean
+    with pytest.raises(ValueError, match="unknown length mix"):
+        scenarios.with_lengths(scenarios.scenario("step"), "chat")
+
+
 def test_a_climbs_rise_windows_reach_one_pod_start_past_its_end(tmp_path: Path) -> None:
     # A flash crowd climbing from 300 to 330 s: the load is at its peak only at 330 s, so
     # a scaler that reacts cannot have its replicas before 330 + 105 s (pod start): the
