@@ -331,7 +331,7 @@ def with_lengths(shape: Scenario, mix: str) -> Scenario:
     if mix not in LENGTH_MIXES:
         raise ValueError(f"unknown length mix {mix!r}; choose from {', '.join(LENGTH_MIXES)}")
     return replace(shape, lengths=SHAPES[mix]().lengths,
-                               description=f"{shape.description}, {mix} lengths")
+                   description=f"{shape.description}, {mix} lengths")
 
 
 def _parameters(name: str) -> list[str]:
