@@ -140,8 +140,9 @@ HOLDOUT_SEED = 11
 # The length mixes on shapes that change in time (`--mixes`): the suite and the hold-out
 # test lengths only on a slow +-30 % wobble, but a long-prompt or long-answer load also
 # steps, bursts and climbs. Label -> (shape, parameters, length mix of
-# scenarios.LENGTH_MIXES); drawn with MIXES_SEED. Added in the twenty-first session, drawn
-# and first measured before any change was tried on them.
+# scenarios.LENGTH_MIXES); drawn with MIXES_SEED. Added in the twenty-first session,
+# chosen and first measured before any change was tried on them (docs/benchmarks.md,
+# "Length mixes on shapes that change in time", says how they were chosen).
 MIXES: dict[str, tuple[str, dict[str, float], str]] = {
     "square-bimodal": ("square", {"low": 4.0, "high": 24.0, "period": 900.0,
                                   "cycles": 3.0}, "bimodal"),
