@@ -203,6 +203,22 @@ def test_the_mixes_set_draws_each_shape_with_its_length_mix(tmp_path: Path) -> N
         scenarios.with_lengths(scenarios.scenario("step"), "chat")
 
 
+def test_the_mixes_run_from_the_command_line_with_their_own_seeds(tmp_path: Path) -> None:
+    run = run_suite(tmp_path, "--mixes", "--only", "ramp-lo", "--seeds", "2",
+                    "--strategies", "scaler")
+    document = run.document()
+    first = suite.MIXES_SEED
+    assert document["seeds"]["scenario"] == [first, first + 1]
+    assert list(document["scenarios"]) == ["ramp-lo"]  # no shared traces with a set
+    entry = document["scenarios"]["ramp-lo"]
+    assert "long-output lengths" in entry["description"]
+    assert list(entry["seeds"]) == [str(first), str(first + 1)]
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
+        assert suite.main(["--out", str(tmp_path / "both"), "--holdout", "--mixes"]) == 2
+    assert "one at a time" in said.getvalue()
+
+
 def test_a_climbs_rise_windows_reach_one_pod_start_past_its_end(tmp_path: Path) -> None:
     # A flash crowd climbing from 300 to 330 s: the load is at its peak only at 330 s, so
     # a scaler that reacts cannot have its replicas before 330 + 105 s (pod start): the
