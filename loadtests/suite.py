@@ -680,12 +680,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.holdout and args.mixes:
         say("suite: --holdout and --mixes are two sets; run them one at a time")
         return 2
+    # The shapes' first seed: the set's own (summary.json's "seeds" say it).
     if args.holdout:
         items = holdout_items(args.out, seeds=args.seeds, warm=args.warm)
+        first_shape_seed = HOLDOUT_SEED
     elif args.mixes:
         items = mixes_items(args.out, seeds=args.seeds, warm=args.warm)
+        first_shape_seed = MIXES_SEED
     else:
         items = scenario_items(args.out, quick=args.quick, seeds=args.seeds, warm=args.warm)
+        first_shape_seed = SCENARIO_SEED
     if not args.quick and not args.holdout and not args.mixes:
         items += shared_items(SHARED, say=skip, seeds=args.seeds)
     if args.only:
@@ -744,9 +748,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         document["seeds"] = {
             source: list(range(first, first + args.seeds))
-            for source, first in (("scenario", HOLDOUT_SEED if args.holdout else MIXES_SEED
-                                   if args.mixes else SCENARIO_SEED),
-                                  ("shared", SHARED_SEED))}
+            for source, first in (("scenario", first_shape_seed), ("shared", SHARED_SEED))}
         for name in traced:
             replays = {str(seed): replay for (trace, seed), replay in runs.items()
                        if trace == name}
