@@ -14,6 +14,9 @@ Pareto view, with the oracle and static-peak as reference points).
     .venv/bin/python -m loadtests.suite --out /tmp/holdout --holdout  # loads not tuned on
     .venv/bin/python -m loadtests.suite --out /tmp/mixes --mixes  # long prompts that step
 
+The run ends with the quality bar of the engine's issue (`loadtests.bar`): per trace,
+GPU-hours over the oracle, baselines as good for less, and misses outside the rises.
+
 A `--headroom` variant is the scaler strategy on the policy with `spec.headroom` set, named
 `scaler+1` (one spare replica) or `scaler+25%` (a quarter more capacity), beside the
 others in the tables and on each trace's GPU-hours/windows picture.
@@ -51,7 +54,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from loadtests import scenarios
+from loadtests import bar, scenarios
 from scaler.policy import loader, model
 from scaler.sim import cluster as sim_cluster
 from scaler.sim import profiles, report, run, strategies, traces
@@ -769,6 +772,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.seeds > 1:
         print()
         print(seeds_markdown(document))
+    verdicts = bar.quality_bar(document)
+    if verdicts:
+        print()
+        print(bar.markdown(verdicts))
     say(f"suite: {args.out / 'summary.json'}, {args.out / 'index.html'} "
         f"({document['wall_s']:.0f} s wall)")
     return 0

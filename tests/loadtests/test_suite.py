@@ -73,6 +73,10 @@ def test_quick_suite_writes_a_summary_and_a_page(default_run: Run) -> None:
     assert page.count('src="data:image/png;base64,') == len(scenarios.QUICK)
     assert "| step | 2 of 5 | " in default_run.printed
     assert "worst seed" not in default_run.printed
+    # The run ends with the engine's quality bar, a row per trace (loadtests.bar).
+    assert "| trace | seeds | GPU-h over the oracle |" in default_run.printed
+    assert "| step | - | " in default_run.printed
+    assert "The bar (scaler, traces meeting a line on every seed)" in default_run.printed
     for entry in document["scenarios"].values():
         assert set(entry["missed"]) == set(suite.QUICK_STRATEGIES)
     assert "[4/4]" in default_run.said
