@@ -54,6 +54,10 @@ def test_a_baseline_as_good_for_less_fails_the_baselines_line() -> None:
                             missed={"scaler": [5, 6, 7]}))
     # static-peak meets as many windows for fewer GPU-hours; HPA is cheaper but misses more.
     assert verdict.cheaper == ("static-peak",) and verdict.baselines_met is False
+    # It holds the oracle's peak from the start: the reactive baselines alone pass.
+    assert verdict.reactive_baselines_met
+    verdict = judged(replay(scaler=figures(2.0, 0.9), keda=figures(1.9, 0.95)))
+    assert verdict.cheaper == ("keda",) and verdict.reactive_baselines_met is False
     # A headroom variant of the scaler and the oracles are no baselines.
     entry = replay(scaler=figures(2.0), oracle=figures(1.9), oracle_rate=figures(1.0))
     entry["strategies"]["scaler+1"] = figures(1.0)
@@ -98,19 +102,26 @@ def test_a_trace_meets_a_line_only_on_every_seed() -> None:
     assert "| daily | 3 | - | - | 0 of 28 ok | met |" in text
     # Cost and baselines are judged on the two traces that ran the oracle and a baseline.
     assert text.endswith("cost at most 1.25x the oracle 1 of 2; no baseline as good for "
-                         "less 2 of 2; misses only at rises 3 of 3; all lines 2 of 3.")
+                         "less 2 of 2 (no reactive one, static-peak aside, 2 of 2); misses "
+                         "only at rises 3 of 3; all lines 2 of 3.")
 
 
 def test_the_command_reads_summaries_and_refuses_what_is_not_one(tmp_path: Path) -> None:
     path = tmp_path / "summary.json"
+    oracle = figures(1.0) | {"gpu_hours_lower_bound": 0.8}
     path.write_text(json.dumps({"scenarios": {"step": replay(
-        scaler=figures(1.3, 0.9), oracle=figures(1.0), missed={"scaler": [5, 6, 9]})}}))
+        scaler=figures(1.3, 0.9), oracle=oracle, missed={"scaler": [5, 6, 9]})}}))
     printed, said = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(said):
         assert bar.main([str(path)]) == 0
+        # --bound: over the oracle's proven bound B, below its replay.
+        assert bar.main(["--bound", str(path)]) == 0
         assert bar.main([str(tmp_path / "absent.json")]) == 2
         (tmp_path / "other.json").write_text('{"items": []}')
         assert bar.main([str(tmp_path / "other.json")]) == 2
     assert "| step | - | 1.300x FAIL | - | 1 (9) of 28 FAIL | not met |" in printed.getvalue()
+    assert "| trace | seeds | GPU-h over the oracle's bound |" in printed.getvalue()
+    assert "| step | - | 1.625x FAIL | - |" in printed.getvalue()
+    assert "cost at most 1.25x the oracle's bound 0 of 1;" in printed.getvalue()
     assert f"loadtests.bar: {tmp_path / 'absent.json'}: not a suite summary" in said.getvalue()
     assert "other.json: not a suite summary ('scenarios')" in said.getvalue()
