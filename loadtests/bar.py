@@ -108,12 +108,14 @@ def judge(trace: str, seed: str | None, replay: dict[str, Any], *, bound: bool =
     if ours is None:
         return None
     oracle = figures.get("oracle")
-    reference = None if oracle is None else float(
-        oracle["gpu_hours_lower_bound" if bound else "gpu_hours"])
-    over = (float(ours["gpu_hours"]) / reference
-            if reference is not None and reference > 0 else None)
+    # A summary from before the bound was reported has none: the cost is not judged.
+    reference = None if oracle is None else oracle.get(
+        "gpu_hours_lower_bound" if bound else "gpu_hours")
+    over = (float(ours["gpu_hours"]) / float(reference)
+            if reference is not None and float(reference) > 0 else None)
+    # Not the scaler's own headroom variants (`scaler+1`) nor the oracles.
     baselines = {name: numbers for name, numbers in figures.items()
-                 if name != JUDGED and name not in ORACLES and not name.startswith(JUDGED)}
+                 if not name.startswith(JUDGED) and name not in ORACLES}
     cheaper = None if not baselines else tuple(
         name for name, numbers in baselines.items()
         if float(numbers["p95_windows_met"]) >= float(ours["p95_windows_met"])

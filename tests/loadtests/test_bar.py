@@ -123,5 +123,9 @@ def test_the_command_reads_summaries_and_refuses_what_is_not_one(tmp_path: Path)
     assert "| trace | seeds | GPU-h over the oracle's bound |" in printed.getvalue()
     assert "| step | - | 1.625x FAIL | - |" in printed.getvalue()
     assert "cost at most 1.25x the oracle's bound 0 of 1;" in printed.getvalue()
+    # A summary from before the oracle reported its bound: the cost is not judged.
+    verdict = bar.judge("step", None, replay(scaler=figures(1.3), oracle=figures(1.0)),
+                        bound=True)
+    assert verdict is not None and verdict.over_oracle is None and verdict.cost_met is None
     assert f"loadtests.bar: {tmp_path / 'absent.json'}: not a suite summary" in said.getvalue()
     assert "other.json: not a suite summary ('scenarios')" in said.getvalue()
