@@ -15,7 +15,8 @@ Pareto view, with the oracle and static-peak as reference points).
     .venv/bin/python -m loadtests.suite --out /tmp/mixes --mixes  # long prompts that step
 
 The run ends with the quality bar of the engine's issue (`loadtests.bar`): per trace,
-GPU-hours over the oracle, baselines as good for less, and misses outside the rises.
+GPU-hours over the oracle, baselines as good for less, and misses outside the rises; for
+the scaler and for each `--headroom` variant (whose rises are not excused).
 
 A `--headroom` variant is the scaler strategy on the policy with `spec.headroom` set, named
 `scaler+1` (one spare replica) or `scaler+25%` (a quarter more capacity), beside the
@@ -772,10 +773,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.seeds > 1:
         print()
         print(seeds_markdown(document))
-    verdicts = bar.quality_bar(document)
-    if verdicts:
-        print()
-        print(bar.markdown(verdicts))
+    for judged in (n for n in names if n.startswith(bar.SCALER)):
+        verdicts = bar.quality_bar(document, strategy=judged)
+        if verdicts:
+            print()
+            print(bar.markdown(verdicts))
     say(f"suite: {args.out / 'summary.json'}, {args.out / 'index.html'} "
         f"({document['wall_s']:.0f} s wall)")
     return 0

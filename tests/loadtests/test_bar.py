@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from loadtests import bar
 
 
@@ -82,6 +84,25 @@ def test_misses_count_outside_the_rises_and_where_the_oracle_met_the_window() ->
     assert verdict.windows_met is False
 
 
+def test_with_headroom_set_no_window_is_excused() -> None:
+    entry = replay(scaler=figures(1.0, 0.9), oracle=figures(1.0), hpa=figures(3.0, 1.0),
+                   missed={"scaler": [5, 6, 9], "scaler+1": [5], "oracle": [9]})
+    entry["strategies"]["scaler+1"] = figures(1.2, 0.967)
+    plain = bar.judge("step", None, entry)
+    spare = bar.judge("step", None, entry, strategy="scaler+1")
+    assert plain is not None and spare is not None
+    # The scaler's misses at the rise are excused (9 the oracle misses too); the
+    # variant's one at the rise is not.
+    assert plain.outside == () and plain.windows_met
+    assert spare.outside == (5,) and spare.judged_windows == 29 and not spare.windows_met
+    # Its baselines are the others (not the scaler it is a variant of).
+    assert spare.cheaper == () and spare.over_oracle == 1.2
+    text = bar.markdown([spare])
+    assert "| misses | bar |" in text and "| step | - | 1.200x ok | none ok | 1 (5) of 29 " \
+        "FAIL | not met |" in text
+    assert "The bar (scaler+1, " in text and "no misses (headroom set) 0 of 1" in text
+
+
 def test_a_trace_meets_a_line_only_on_every_seed() -> None:
     good = replay(scaler=figures(1.1), oracle=figures(1.0), hpa=figures(2.0))
     costly = replay(scaler=figures(1.4), oracle=figures(1.0), hpa=figures(2.0))
@@ -117,6 +138,8 @@ def test_the_command_reads_summaries_and_refuses_what_is_not_one(tmp_path: Path)
         # --bound: over the oracle's proven bound B, below its replay.
         assert bar.main(["--bound", str(path)]) == 0
         assert bar.main([str(tmp_path / "absent.json")]) == 2
+        with pytest.raises(SystemExit):  # only the scaler and its headroom variants
+            bar.main(["--strategy", "hpa", str(path)])
         (tmp_path / "other.json").write_text('{"items": []}')
         assert bar.main([str(tmp_path / "other.json")]) == 2
     assert "| step | - | 1.300x FAIL | - | 1 (9) of 28 FAIL | not met |" in printed.getvalue()

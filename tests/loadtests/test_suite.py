@@ -295,9 +295,11 @@ def test_bad_arguments_exit_2(tmp_path: Path) -> None:
 
 
 def test_a_headroom_variant_runs_beside_the_scaler_and_costs_more(tmp_path: Path) -> None:
-    assert suite.main(["--out", str(tmp_path), "--quick", "--workers", "2",
-                       "--headroom", "replicas=1"]) == 0
-    document = json.loads((tmp_path / "summary.json").read_text())
+    ran = run_suite(tmp_path, "--headroom", "replicas=1")
+    document = ran.document()
+    # The bar is judged for the variant too, its rises not excused.
+    assert "The bar (scaler, " in ran.printed
+    assert "The bar (scaler+1, " in ran.printed and "no misses (headroom set)" in ran.printed
     assert document["strategies"] == [*suite.QUICK_STRATEGIES, "scaler+1"]
     for name, entry in document["scenarios"].items():
         spare, plain = entry["strategies"]["scaler+1"], entry["strategies"]["scaler"]
