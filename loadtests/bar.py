@@ -126,7 +126,7 @@ def judge(trace: str, seed: str | None, replay: dict[str, Any], *, strategy: str
         if float(numbers["p95_windows_met"]) >= float(ours["p95_windows_met"])
         and float(numbers["gpu_hours"]) < float(ours["gpu_hours"]))
     missed = replay["missed"]
-    unmeetable = set(missed.get("oracle", [])) if oracle is not None else set()
+    unmeetable = set(missed.get("oracle", []))  # none when the oracle did not run
     rises = set(replay["rise_windows"]) if strategy == SCALER else set()
     outside = tuple(sorted(set(missed.get(strategy, [])) - rises - unmeetable))
     judged = int(replay["windows"]) - len(rises | unmeetable)
