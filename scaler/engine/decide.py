@@ -796,23 +796,43 @@ RETURN_WEIGHT = 0.5
 RETURN_TOLERANCE = 0.25
 # Returns in a row after about the same gap before the engine plans on the next one.
 RETURN_PATTERN = 2
-# Replicas are started this much before the time to ready ahead of an expected return:
-# returns come a little early, and one SLO window (60 s) is what the yardstick judges.
+# The slack of a planned return, at most: replicas are started this much before the time
+# to ready ahead of an expected return (returns come a little early, and one SLO window,
+# 60 s, is what the yardstick judges), and once a return is planned, replicas the load no
+# longer needs are held this long before the rate-limited release (long enough to ride
+# through a dip). A return as regular as its jitter shows needs less: `_return_slack_s`.
 RETURN_EARLY_S = 60.0
-# Once a return is planned, replicas the load no longer needs are held this long (one SLO
-# window) before the rate-limited release: long enough to ride through a dip.
-RELEASE_HOLD_S = 60.0
+# The slack covers this many times the returns' jitter (their mean absolute deviation
+# from the learned gap; for normal deviations 0.8 standard deviations, so 3 of them are
+# 2.4: about one return in 120 earlier than the slack) ...
+JITTER_SPREAD = 3.0
+# ... and never less than a rise's confirmation (RISE_CONFIRM_S: two of a replica's 10 s
+# rate windows), the time a reading needs to say the load left or came back at all.
 
 
-def _return_lead_s(draft: Draft) -> float:
+def _return_slack_s(state: types.EngineState) -> float:
+    """How early a planned return's replicas start, and how long they are held after the
+    drop: JITTER_SPREAD x the returns' jitter, between RISE_CONFIRM_S and RETURN_EARLY_S;
+    RETURN_EARLY_S until a return was measured against the learned gap. Example: a square
+    wave whose returns came 3 s from the learned gap holds 20 s and starts 20 s early, not
+    60 and 60 (off 225 s, pod start 105 s: away 80 s a cycle, not none); returns read
+    from long prompts' swinging readings, 40 s apart, keep the 60 s."""
+    jitter = state.return_jitter_s
+    if jitter is None:
+        return RETURN_EARLY_S
+    return min(RETURN_EARLY_S, max(RISE_CONFIRM_S, JITTER_SPREAD * jitter))
+
+
+def _return_lead_s(draft: Draft, *, slack: float | None = None) -> float:
     """Seconds before an expected return to start its replicas: time to ready (plus a node
-    boot when they would not fit on the free GPUs) and RETURN_EARLY_S."""
+    boot when they would not fit on the free GPUs) and the return's slack (by default
+    `_return_slack_s`)."""
     assert draft.times is not None
     cluster, level = draft.cluster, draft.state.drop_level
     free = cluster.free_replica_slots
     needs_node = free is not None and free < level - cluster.current
     return (draft.times.pod_start_s + (draft.times.node_boot_s if needs_node else 0.0)
-            + RETURN_EARLY_S)
+            + (_return_slack_s(draft.state) if slack is None else slack))
 
 
 def _held_level(draft: Draft, *, peak: float) -> int:
@@ -860,14 +880,17 @@ def expect_return(draft: Draft) -> str:
     Releasing a replica the load no longer needs saves its idle time; starting one again
     when load returns costs its pod start in GPU time, and the SLO in every window of
     that start. When load has come back twice in a row after about the same gap (within
-    25 %) and that gap is longer than starting the replicas again (plus one SLO window),
-    holding them idle through it costs more than a restart: the engine releases them and
-    starts the count held at the drop again one time-to-ready (+ 60 s) before the
-    expected return. If the load does not come back by gap x 1.25, the pattern is
-    forgotten. Example: a square wave off for 600 s, 8B at a 105 s pod start, a 300 s
-    down window: the HPA holds the replicas idle 300 s, then the next burst starts cold;
-    here they go at drop + 60 s and are back at drop + 600 - 165 = 435 s, ready 60 s
-    before the load: 240 s less idle time per replica and no cold start in the SLO.
+    25 %) and that gap is longer than starting the replicas again (plus twice the
+    return's slack, `_return_slack_s`), holding them idle through it costs more than a
+    restart: the engine releases them and starts the count held at the drop again one
+    time-to-ready (+ the slack) before the expected return. How far each return came
+    from the learned gap is learned with it (the jitter the slack is sized by). If the
+    load does not come back by gap x 1.25, the pattern is forgotten. Example: a square
+    wave off for 600 s, 8B at a 105 s pod start, a 300 s down window, returns 30 s from
+    the gap (60 s of slack): the HPA holds the replicas idle 300 s, then the next burst
+    starts cold; here they go at drop + 60 s and are back at drop + 600 - 165 = 435 s,
+    ready 60 s before the load: 240 s less idle time per replica and no cold start in
+    the SLO (returns 3 s from the gap: drop + 20 s and drop + 475 s, 320 s less).
     """
     spec, now = draft.spec, draft.now
     if not spec.restart_aware:
@@ -882,16 +905,21 @@ def expect_return(draft: Draft) -> str:
                 1, min(current, _held_level(draft, peak=peak))))
         elif state.drop_at is not None and demand >= AWAY_SHARE * state.drop_level:
             seen = now - state.drop_at
-            gap = state.return_gap_s
-            if seen <= _return_lead_s(draft):
+            gap, jitter = state.return_gap_s, state.return_jitter_s
+            if seen <= _return_lead_s(draft, slack=RETURN_EARLY_S):
                 # A dip: shorter than a restart, it is held through whatever was learned
                 # and says nothing about the pattern of longer absences.
                 state = dataclasses.replace(state, drop_at=None)
             elif gap is not None and abs(seen - gap) <= RETURN_TOLERANCE * gap:
-                state = dataclasses.replace(state, drop_at=None, returns=state.returns + 1,
-                                            return_gap_s=gap + RETURN_WEIGHT * (seen - gap))
+                off = abs(seen - gap)
+                state = dataclasses.replace(
+                    state, drop_at=None, returns=state.returns + 1,
+                    return_gap_s=gap + RETURN_WEIGHT * (seen - gap),
+                    return_jitter_s=off if jitter is None else jitter + RETURN_WEIGHT * (
+                        off - jitter))
             else:
-                state = dataclasses.replace(state, drop_at=None, returns=1, return_gap_s=seen)
+                state = dataclasses.replace(state, drop_at=None, returns=1, return_gap_s=seen,
+                                            return_jitter_s=None)
             note = f"load came back after {seen:.0f} s"
     gap = _pattern(state)
     draft.state = state
@@ -902,11 +930,16 @@ def expect_return(draft: Draft) -> str:
         return note or f"load comes back after {gap:.0f} s, sooner than a restart: hold"
     due = state.drop_at + gap
     if now > due + RETURN_TOLERANCE * gap:
-        draft.state = dataclasses.replace(state, returns=0, return_gap_s=None)
+        draft.state = dataclasses.replace(state, returns=0, return_gap_s=None,
+                                          return_jitter_s=None)
         return f"the load expected back {now - due:.0f} s ago did not come: pattern forgotten"
     if now < due - lead:
+        jitter = state.return_jitter_s
         return f"load expected back in {due - now:.0f} s: {state.drop_level} replicas " \
-               f"start {lead:.0f} s before"
+               f"start {lead:.0f} s before" + (
+                   "" if jitter is None else
+                   f" (returns came within {jitter:.0f} s of the gap: "
+                   f"{_return_slack_s(state):.0f} s of slack)")
     draft.opinions.append(recommend.opinion(
         Rule.RETURN, value=types.SignalValue(value=gap, age_s=0.0, fresh=True), fresh=True,
         demand=float(state.drop_level),
@@ -915,11 +948,11 @@ def expect_return(draft: Draft) -> str:
     return f"load expected back in {max(0.0, due - now):.0f} s: {state.drop_level} replicas"
 
 
-def _worth_releasing(gap: float, lead: float) -> bool:
+def _worth_releasing(gap: float, lead: float, hold: float) -> bool:
     """Whether releasing replicas through an absence of `gap` seconds saves GPU time:
-    they are held RELEASE_HOLD_S after the drop and started `lead` s before the return,
-    so they are away only for gap - RELEASE_HOLD_S - lead."""
-    return gap > lead + RELEASE_HOLD_S
+    they are held `hold` s after the drop and started `lead` s before the return, so they
+    are away only for gap - hold - lead."""
+    return gap > lead + hold
 
 
 # Restart-aware holding without a pattern: a level of demand is held as long as levels
@@ -1033,13 +1066,14 @@ def restart_hold(draft: Draft) -> tuple[int, str]:
     """How long to hold replicas the load no longer needs, weighing a restart.
 
     The policy's down window, unless a return is planned (`expect_return`) and the load
-    is away now: then one SLO window, because the replicas are started again ahead of the
-    load. A dip, a return sooner than a release and a restart take, and the load while
-    it is here keep the whole window: holding is the cheaper choice, noise never turns
-    into restarts, and a load climbing back (its first readings still low) is never
-    read as one that left. Example: a square wave 180 s off, pod start 105 s: released
-    at drop + 60 s and started again at return - 165 s, the replicas would be away for
-    no time at all, so they are held; and at the return that taught the pattern, a 60 s
+    is away now: then the return's slack (20 to 60 s, `_return_slack_s`), because the
+    replicas are started again ahead of the load. A dip, a return sooner than a release
+    and a restart take, and the load while it is here keep the whole window: holding is
+    the cheaper choice, noise never turns into restarts, and a load climbing back (its
+    first readings still low) is never read as one that left. Example: a square wave
+    180 s off, pod start 105 s, returns 30 s from the gap (60 s of slack): released at
+    drop + 60 s and started again at return - 165 s, the replicas would be away for no
+    time at all, so they are held; and at the return that taught the pattern, a 60 s
     window reaching back into the off phase had released one of 3 replicas while the
     load climbed back, and the window of that minute missed its SLO.
     """
@@ -1048,16 +1082,21 @@ def restart_hold(draft: Draft) -> tuple[int, str]:
     if gap is None or draft.state.drop_at is None:
         return window, learned
     window = draft.spec.behavior.scale_down.stabilization_seconds
-    lead = _return_lead_s(draft)
+    lead, slack = _return_lead_s(draft), _return_slack_s(draft.state)
     if gap <= lead:
         return window, ""  # sooner than a restart: expect_return says so
-    if not _worth_releasing(gap, lead):
+    if not _worth_releasing(gap, lead, slack):
         # The return is still planned (a window shorter than the gap would not hold).
         return window, f"load returns about every {gap:.0f} s: a release and a restart " \
                        "would save nothing, held"
-    seconds = min(window, math.ceil(RELEASE_HOLD_S))
-    return seconds, f"load returns about every {gap:.0f} s: released after {seconds} s, " \
-                    "started again ahead of the return"
+    # The slack releases what the load held before the drop; after that the window grows
+    # with the time away, back to RETURN_EARLY_S, so the count through the absence holds
+    # its own readings' swings as before (a 20 s window followed half 6k-token prompts'
+    # swings down to 1 replica where 2 were needed, and missed a window).
+    away = draft.now - draft.state.drop_at
+    seconds = min(window, math.ceil(min(RETURN_EARLY_S, max(slack, away))))
+    return seconds, f"load returns about every {gap:.0f} s: released after " \
+                    f"{min(window, math.ceil(slack))} s, started again ahead of the return"
 
 
 def rate_limit(draft: Draft) -> str:

@@ -301,6 +301,9 @@ class EngineState:
       last fell away (and the count the load held then: `decide._held_level`), how long
       load took to come back after earlier drops (smoothed; None until seen), and how
       many returns in a row came after about that gap (a pattern once there are two).
+    return_jitter_s: how far those returns came from the learned gap (smoothed mean
+      absolute deviation; None until a return was measured against one): a regular
+      return is planned with less slack (`decide._return_slack_s`).
     served_share / served_samples: the share of the tokens/s capacity model that replicas
       were seen to serve while saturated (1 until seen), and how many samples it holds.
     saturated_since / saturated_ready: when the current overload began and the ready
@@ -331,6 +334,7 @@ class EngineState:
     drop_level: int = 0
     return_gap_s: float | None = None
     returns: int = 0
+    return_jitter_s: float | None = None
     served_share: float = 1.0
     served_samples: int = 0
     saturated_since: float | None = None
@@ -383,6 +387,7 @@ class Learned:
     served_samples: int = 0
     return_gap_s: float | None = None
     returns: int = 0
+    return_jitter_s: float | None = None
     horizon_scale: float = 1.0
     level_returns: tuple[LevelReturn, ...] = ()
     level_leaves: tuple[float, ...] = ()

@@ -93,8 +93,11 @@ def _learned_line(learned: Mapping[str, Any]) -> str | None:
     if learned["node_boot_s"] is not None:
         parts.append(f"a node boots in {learned['node_boot_s']:.0f} s")
     if learned["return_gap_s"] is not None and learned["returns"]:
+        # .get: an audit line written before the jitter was kept has none.
+        jitter = learned.get("return_jitter_s")
         parts.append(f"load came back {learned['return_gap_s']:.0f} s after a drop "
-                     f"({learned['returns']} times in a row)")
+                     f"({learned['returns']} times in a row"
+                     + ("" if jitter is None else f", within {jitter:.0f} s of that") + ")")
     # .get: an audit line written before the learned hold was kept has neither.
     leaves, returns = learned.get("level_leaves") or (), learned.get("level_returns") or ()
     if leaves:

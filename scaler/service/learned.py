@@ -113,6 +113,7 @@ _FIELDS: dict[str, tuple[str, str, float, float]] = {
     "servedSamples": ("served_samples", "count", 0, MAX_COUNT),
     "returnGapSeconds": ("return_gap_s", "optional", 0.0, 7 * DAY_S),
     "returns": ("returns", "count", 0, MAX_COUNT),
+    "returnJitterSeconds": ("return_jitter_s", "optional", 0.0, 7 * DAY_S),
     "horizonScale": ("horizon_scale", "float", 0.0, 1.0),
 }
 

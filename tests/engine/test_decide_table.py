@@ -976,21 +976,26 @@ def test_a_falling_load_without_an_overload_is_load() -> None:
     assert all(s.name != "arrival_rate" for s in sim.last.signals)
 
 
-def _square(sim: Sim, *, start: int, on_s: int, off_s: int, cycles: int
+def _square(sim: Sim, *, start: int, on_s: int, off_s: int | list[int], cycles: int
             ) -> list[tuple[int, int]]:
-    """A square wave of running requests (80 on, 20 off); the count at each 5 s step."""
+    """A square wave of running requests (80 on, 20 off); the count at each 5 s step.
+    `off_s` a list: each cycle's off phase in turn (returns that jitter)."""
+    offs = off_s if isinstance(off_s, list) else [off_s]
     counts = []
+    begin = start
     for cycle in range(cycles):
-        begin = start + cycle * (on_s + off_s)
-        for t in range(begin, begin + on_s + off_s, 5):
+        off = offs[cycle % len(offs)]
+        for t in range(begin, begin + on_s + off, 5):
             running = 80.0 if t < begin + on_s else 20.0
             counts.append((t, sim.step(t, snap(running=running))))
+        begin += on_s + off
     return counts
 
 
 def test_restart_aware_plans_a_return_that_keeps_coming() -> None:
     # 80 running on for 300 s, 20 for 400 s; 10 per replica: 8 replicas on, 2 off. Pod
-    # start 30 + 20 + 10 = 60 s; a return is planned 60 + 60 s ahead of its time.
+    # start 30 + 20 + 10 = 60 s; the returns come exactly 400 s apart, so a return is
+    # planned with the least slack (20 s): started 60 + 20 s ahead of its time.
     hpa = Sim(policy(), current=8)
     aware = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=8)
     held = _square(hpa, start=0, on_s=300, off_s=400, cycles=4)
@@ -1001,16 +1006,41 @@ def test_restart_aware_plans_a_return_that_keeps_coming() -> None:
     assert [c for t, c in planned if 1000 <= t < 1295] == [8] * 59
     assert aware.state.returns >= 2
     assert aware.state.return_gap_s == pytest.approx(400, abs=10)
-    # The third off phase (1700-2100 s): released after one SLO window (60 s), and back
-    # at 8 one time to ready + 60 s ahead of the return (t = 2100 - 120), not after it.
+    assert aware.state.return_jitter_s == 0
+    # The third off phase (1700-2100 s): released once a 20 s window no longer reaches
+    # the on phase (1715; with jittering returns, 60 s), and back at 8 one time to
+    # ready + 20 s ahead of the return (t = 2100 - 80), not after it.
     count = dict(planned)
-    assert count[1700 + 60] < 8
+    assert count[1710] == 8 and count[1715] == 2
     assert min(c for t, c in planned if 1700 <= t < 2100) == 2
-    assert count[2100 - 120] == 8 and count[2100 - 125] < 8
-    assert all(c == 8 for t, c in planned if 2100 - 120 <= t < 2400)
+    assert count[2100 - 80] == 8 and count[2100 - 85] < 8
+    assert all(c == 8 for t, c in planned if 2100 - 80 <= t < 2400)
     # Replica-seconds over the last two periods, once the pattern is known.
     assert (sum(c for t, c in planned if t >= 1400)
             < 0.9 * sum(c for t, c in held if t >= 1400))
+
+
+def test_restart_aware_plans_a_jittering_return_with_more_slack() -> None:
+    # The same on phases, off 370 and 430 s by turns: each return comes about 30 to 60 s
+    # from the learned gap, so a return is planned with the most slack (60 s), where
+    # returns exactly 400 s apart get 20 s (the test above): a return 60 s early must not
+    # find the replicas still starting.
+    regular = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=8)
+    jittering = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=8)
+    _square(regular, start=0, on_s=300, off_s=400, cycles=5)
+    counts = dict(_square(jittering, start=0, on_s=300, off_s=[370, 430], cycles=5))
+    assert regular.state.return_jitter_s == 0
+    jitter, gap = jittering.state.return_jitter_s, jittering.state.return_gap_s
+    assert jittering.state.returns >= 2 and jitter is not None and jitter >= 20
+    assert gap is not None and 370 <= gap <= 430
+    # The fifth off phase starts at 5 x 300 + 2 x (370 + 430) = 3100 s: released once a
+    # 60 s window no longer reaches the on phase (3155; 3115 for a regular return), and
+    # back at 8 one pod start + 60 s before its expected end.
+    assert counts[3150] == 8 and counts[3155] == 2
+    due = 3100 + gap
+    start = next(t for t in sorted(counts) if t > 3155 and counts[t] == 8)
+    assert due - 120 <= start < due - 115  # the first 5 s step from due - 120
+    assert all(counts[t] == 8 for t in range(start, 3470, 5))
 
 
 def test_restart_aware_starts_a_return_at_the_count_the_load_held() -> None:
@@ -1028,10 +1058,10 @@ def test_restart_aware_starts_a_return_at_the_count_the_load_held() -> None:
             running = (95.0 if t == begin + 250 else 84.0 if t // 5 % 2 else 76.0) if on \
                 else 20.0
             counts[t] = aware.step(t, snap(running=running))
-    assert aware.state.returns >= 2 and counts[1700] == 10
+    assert aware.state.returns >= 2 and counts[1695] == 10
     assert min(c for t, c in counts.items() if 1700 <= t < 2100) == 2
-    assert counts[2100 - 120] == 9 and counts[2100 - 125] < 9
-    assert all(counts[t] == 9 for t in range(2100 - 120, 2100, 5))
+    assert counts[2100 - 80] == 9 and counts[2100 - 85] < 9
+    assert all(counts[t] == 9 for t in range(2100 - 80, 2100, 5))
 
 
 def test_restart_aware_starts_a_return_at_the_level_its_margin_held() -> None:
@@ -1051,9 +1081,9 @@ def test_restart_aware_starts_a_return_at_the_level_its_margin_held() -> None:
             level = ((5.5 if begin + 100 <= t < begin + 130 else 4.3 if t // 5 % 2 else 3.9)
                      if t < begin + 300 else 1.0)
             counts[t] = aware.step(t, snap(tps=level * 800, waiting=0))
-    assert aware.state.returns >= 2 and counts[1740] == 4 and counts[1800] == 1
-    assert counts[2100 - 120] == 4 and counts[2100 - 125] == 1
-    assert all(counts[t] == 4 for t in range(2100 - 120, 2200, 5))
+    assert aware.state.returns >= 2 and counts[1695] == 4 and counts[1740] == 1
+    assert counts[2100 - 80] == 4 and counts[2100 - 85] == 1
+    assert all(counts[t] == 4 for t in range(2100 - 80, 2200, 5))
 
 
 def test_restart_aware_holds_while_the_load_climbs_back() -> None:
@@ -1078,12 +1108,15 @@ def test_restart_aware_holds_while_the_load_climbs_back() -> None:
 
 
 def test_restart_aware_says_it_holds_a_gap_a_release_would_not_save() -> None:
-    # Off 170 s: released 60 s after the drop and started 120 s before the return, the
-    # replicas would never be away. The pattern is learned, the window holds them, and
-    # the explanation says so (it used to say they were released after 60 s).
+    # Off 150 and 190 s by turns: the returns come about 20 s from the learned gap, so
+    # the slack is the most (3 x 20 = 60 s). Released 60 s after the drop and started
+    # 120 s before the return, the replicas would never be away. The pattern is learned,
+    # the window holds them, and the explanation says so (it used to say they were
+    # released after 60 s).
     aware = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=8)
-    counts = _square(aware, start=0, on_s=300, off_s=170, cycles=5)
+    counts = _square(aware, start=0, on_s=300, off_s=[150, 190], cycles=6)
     assert aware.state.returns >= 2
+    assert aware.state.return_jitter_s is not None and aware.state.return_jitter_s >= 20
     assert min(c for _, c in counts) == 8
     assert aware.last is not None
     details = [s.detail for s in aware.last.steps]
@@ -1092,17 +1125,21 @@ def test_restart_aware_says_it_holds_a_gap_a_release_would_not_save() -> None:
 
 
 def test_restart_aware_plans_a_return_where_a_short_window_would_not_hold() -> None:
-    # A 60 s down window, off 150 s: a release would save nothing (60 s held + 120 s
-    # lead > 150 s), but the policy's own window lets the replicas go at drop + 60 s, so
-    # the return is still planned: back at 8 one lead (120 s) before the load.
+    # A 60 s down window, off 130 and 170 s by turns (about 20 s from the learned gap:
+    # 60 s of slack): a release would save nothing (60 s held + 120 s lead > 150 s), but
+    # the policy's own window lets the replicas go at drop + 60 s, so the return is
+    # still planned: back at 8 one lead (120 s) before the load.
     aware = Sim(policy(behavior={**BEHAVIOR, "restartAware": True,
                                  "scaleDown": {"stabilizationSeconds": 60, "policies": []}}),
                 current=8)
-    counts = _square(aware, start=0, on_s=300, off_s=150, cycles=4)
+    counts = _square(aware, start=0, on_s=300, off_s=[130, 170], cycles=6)
     assert aware.state.returns >= 2
-    # The third off phase, 1200 to 1350 s: the return is planned from 1350 - 120 = 1230,
-    # before the 60 s window would let the replicas go (1260): the 8 stay for the load.
-    assert all(c == 8 for t, c in counts if 1200 <= t < 1500)
+    gap = aware.state.return_gap_s
+    assert gap is not None and 130 <= gap <= 170
+    # The fourth off phase, 1630 to 1800 s: the return is planned from its expected
+    # time (1630 + 150) less 120 s, before the 60 s window would let the replicas go
+    # (1690): the 8 stay for the load.
+    assert all(c == 8 for t, c in counts if 1630 <= t < 1800)
 
 
 def test_restart_aware_keeps_the_window_through_dips_and_forgets_a_pattern() -> None:
@@ -1118,11 +1155,12 @@ def test_restart_aware_keeps_the_window_through_dips_and_forgets_a_pattern() -> 
     started = []
     for t in range(3100, 4000, 5):
         started.append((t, aware.step(t, snap(running=80 if t < 3400 else 20))))
-    # Due at 3400 + 400: started 120 s before, given up 100 s after (1.25 x 400).
-    assert dict(started)[3800 - 120] == 8
+    # Due at 3400 + 400: started 80 s before (returns exactly 400 s apart: 20 s of
+    # slack), given up 100 s after (1.25 x 400).
+    assert dict(started)[3800 - 80] == 8 and dict(started)[3800 - 85] < 8
     assert aware.state.return_gap_s is None and aware.state.returns == 0
     # Then the policy's window again: the 8 held through 3900 + 300 s.
-    assert all(c == 8 for t, c in started if 3680 <= t)
+    assert all(c == 8 for t, c in started if 3720 <= t)
 
 
 

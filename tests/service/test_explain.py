@@ -98,6 +98,7 @@ def test_what_the_engine_learned_is_said_only_once_it_has_learned_it() -> None:
     learned = types.EngineState(served_share=0.868, served_samples=41,
                                 replicas_per_request_rate=0.0913, load_samples=310,
                                 learned_pod_start_s=104.2, return_gap_s=402.0, returns=3,
+                                return_jitter_s=12.4,
                                 horizon_scale=0.5, level_leaves=(factories.NOW - 900,
                                                                  factories.NOW - 300),
                                 level_returns=(types.LevelReturn(factories.NOW - 700, 95.4),))
@@ -112,7 +113,8 @@ def test_what_the_engine_learned_is_said_only_once_it_has_learned_it() -> None:
         "Learned (resumed from a record written 2025-11-29T09:43:20Z): saturated replicas "
         "serve 87% of the tokens/s capacity model (41 samples); one request/s is 0.0913 "
         "replicas (310 samples); a pod starts in 104 s; load came back 402 s after a drop "
-        "(3 times in a row); levels of the load left 2 times and came back within 95 s; "
+        "(3 times in a row, within 12 s of that); levels of the load left 2 times and came "
+        "back within 95 s; "
         "50% of the trend is trusted.")
 
 

@@ -26,7 +26,7 @@ DAY = 86_400.0
 LEARNED = types.Learned(pod_start_s=104.2, node_boot_s=290.0, observed_until=NOW - 50,
                         replicas_per_request_rate=0.0913, load_samples=310,
                         served_share=0.868, served_samples=41, return_gap_s=402.0,
-                        returns=3, horizon_scale=0.5,
+                        returns=3, return_jitter_s=12.5, horizon_scale=0.5,
                         level_returns=(types.LevelReturn(at=NOW - 1500, after_s=180.5),
                                        types.LevelReturn(at=NOW - 400, after_s=42.0)),
                         level_leaves=(NOW - 2000, NOW - 1200, NOW - 300))
@@ -123,6 +123,7 @@ def test_the_fingerprint_follows_the_capacity_model_not_the_bounds() -> None:
     (_record(replicasPerRequestRate=float("inf")), learned.IMPLAUSIBLE,
      "replicasPerRequestRate"),
     (_record(podStartSeconds=-3), learned.IMPLAUSIBLE, "podStartSeconds"),
+    (_record(returnJitterSeconds=-0.5), learned.IMPLAUSIBLE, "returnJitterSeconds"),
     (_record(horizonScale=1e300), learned.IMPLAUSIBLE, "horizonScale"),
     (_record(servedSamples=10**400), learned.IMPLAUSIBLE, "servedSamples"),
     (_record(loadSamples=1.5), learned.MALFORMED, "loadSamples"),
