@@ -816,7 +816,7 @@ def _return_slack_s(state: types.EngineState) -> float:
     RETURN_EARLY_S until a return was measured against the learned gap. Example: a square
     wave whose returns came 3 s from the learned gap holds 20 s and starts 20 s early, not
     60 and 60 (off 225 s, pod start 105 s: away 80 s a cycle, not none); returns read
-    from long prompts' swinging readings, 40 s apart, keep the 60 s."""
+    from long prompts' swinging readings, 40 s from the gap, keep the 60 s."""
     jitter = state.return_jitter_s
     if jitter is None:
         return RETURN_EARLY_S
@@ -890,7 +890,7 @@ def expect_return(draft: Draft) -> str:
     the gap (60 s of slack): the HPA holds the replicas idle 300 s, then the next burst
     starts cold; here they go at drop + 60 s and are back at drop + 600 - 165 = 435 s,
     ready 60 s before the load: 240 s less idle time per replica and no cold start in
-    the SLO (returns 3 s from the gap: drop + 20 s and drop + 475 s, 320 s less).
+    the SLO (returns 3 s from the gap: drop + 20 s and drop + 475 s, 280 s less).
     """
     spec, now = draft.spec, draft.now
     if not spec.restart_aware:

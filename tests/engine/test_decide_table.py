@@ -1043,6 +1043,29 @@ def test_restart_aware_plans_a_jittering_return_with_more_slack() -> None:
     assert all(counts[t] == 8 for t in range(start, 3470, 5))
 
 
+def test_restart_aware_holds_the_absences_own_swings_after_a_short_slack() -> None:
+    # A regular square wave (returns exactly 400 s apart: 20 s of slack) whose off phase
+    # swings between 3 and 2 replicas' worth every 30 s (25 and 15 running). The slack
+    # releases the on phase's 8 quickly; after that the window grows with the time away,
+    # back to 60 s, so the count holds the swings' 3 instead of following each dip to 2
+    # and buying the third back 30 s later (with half 6k-token prompts that dip missed a
+    # window).
+    aware = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=8)
+    counts = {}
+    for cycle in range(4):
+        begin = cycle * 700
+        for t in range(begin, begin + 700, 5):
+            away = t - begin - 300
+            running = 80.0 if away < 0 else (25.0 if away // 30 % 2 == 0 else 15.0)
+            counts[t] = aware.step(t, snap(running=running))
+    assert aware.state.returns >= 2 and aware.state.return_jitter_s == 0
+    # The third off phase, 1700 to 2100 s: 8 go within the 20 s slack; from then until
+    # the return is started (2100 - 80) the count is 3 at every step, never 2.
+    assert counts[1695] == 8 and counts[1720] == 3
+    assert all(counts[t] == 3 for t in range(1720, 2100 - 80, 5))
+    assert counts[2100 - 80] == 8
+
+
 def test_restart_aware_starts_a_return_at_the_count_the_load_held() -> None:
     # The same square wave, but its on phase reads 7.6 and 8.4 replicas by turns (a rate's
     # swings; 8.4 is within 10 % of 8: served by 8), and 50 s before each drop a burst
