@@ -870,13 +870,8 @@ def _held_level(draft: Draft, *, peak: float) -> int:
 
 
 def _pattern(state: types.EngineState) -> float | None:
-    """The learned return gap once it has held RETURN_PATTERN times in a row, and this
-    instance has seen a return (the phase: a gap resumed after a restart is not planned
-    on from a drop this instance has not seen the load come back after; on a warm start
-    of the hold-out's spikes, a start-up swing read as a drop released the replicas 100 s
-    before the first spike, which then missed three windows)."""
-    return state.return_gap_s if state.returns >= RETURN_PATTERN and state.phase_seen \
-        else None
+    """The learned return gap once it has held RETURN_PATTERN times in a row."""
+    return state.return_gap_s if state.returns >= RETURN_PATTERN else None
 
 
 def expect_return(draft: Draft) -> str:
@@ -918,13 +913,13 @@ def expect_return(draft: Draft) -> str:
             elif gap is not None and abs(seen - gap) <= RETURN_TOLERANCE * gap:
                 off = abs(seen - gap)
                 state = dataclasses.replace(
-                    state, drop_at=None, returns=state.returns + 1, phase_seen=True,
+                    state, drop_at=None, returns=state.returns + 1,
                     return_gap_s=gap + RETURN_WEIGHT * (seen - gap),
                     return_jitter_s=off if jitter is None else jitter + RETURN_WEIGHT * (
                         off - jitter))
             else:
                 state = dataclasses.replace(state, drop_at=None, returns=1, return_gap_s=seen,
-                                            return_jitter_s=None, phase_seen=True)
+                                            return_jitter_s=None)
             note = f"load came back after {seen:.0f} s"
     gap = _pattern(state)
     draft.state = state

@@ -304,10 +304,6 @@ class EngineState:
     return_jitter_s: how far those returns came from the learned gap (smoothed mean
       absolute deviation; None until a return was measured against one): a regular
       return is planned with less slack (`decide._return_slack_s`).
-    phase_seen: whether this instance saw the load come back after a drop. The gap and
-      the jitter are resumed after a restart, the load's phase is not: until a return is
-      seen, a drop may be a reading's swing at start, and a return planned from it comes
-      at the wrong time (not in Learned: a restarted instance starts without it).
     served_share / served_samples: the share of the tokens/s capacity model that replicas
       were seen to serve while saturated (1 until seen), and how many samples it holds.
     saturated_since / saturated_ready: when the current overload began and the ready
@@ -339,7 +335,6 @@ class EngineState:
     return_gap_s: float | None = None
     returns: int = 0
     return_jitter_s: float | None = None
-    phase_seen: bool = False
     served_share: float = 1.0
     served_samples: int = 0
     saturated_since: float | None = None

@@ -1066,26 +1066,6 @@ def test_restart_aware_holds_the_absences_own_swings_after_a_short_slack() -> No
     assert counts[2100 - 80] == 8
 
 
-def test_restart_aware_plans_a_resumed_pattern_once_it_saw_a_return() -> None:
-    # A restarted instance resumes the gap (400 s) and its jitter (none), not the load's
-    # phase. Its first drop here comes 20 s after the start, and the load is back 100 s
-    # later: planned from that drop, the 8 would have gone at drop + 20 s and come back
-    # only at drop + 400 - 80 s. Until this instance has seen a return, the window holds.
-    resumed = types.Learned(return_gap_s=400.0, returns=3, return_jitter_s=0.0).state()
-    aware = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=8,
-                state=resumed)
-    counts = {}
-    for t in range(0, 1600, 5):
-        on = t < 20 or 120 <= t < 400 or 800 <= t < 1100
-        counts[t] = aware.step(t, snap(running=80.0 if on else 20.0))
-        if t < 300:
-            assert counts[t] == 8, t
-    # Back 400 s after the drop at 400: a return seen, so the drop at 1100 is planned.
-    assert aware.state.phase_seen and aware.state.returns == 4
-    assert counts[1095] == 8 and counts[1120] == 2
-    assert counts[1500 - 85] == 2 and counts[1500 - 80] == 8
-
-
 def test_restart_aware_starts_a_return_at_the_count_the_load_held() -> None:
     # The same square wave, but its on phase reads 7.6 and 8.4 replicas by turns (a rate's
     # swings; 8.4 is within 10 % of 8: served by 8), and 50 s before each drop a burst
