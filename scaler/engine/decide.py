@@ -835,6 +835,25 @@ def _return_lead_s(draft: Draft, *, slack: float | None = None) -> float:
             + (_return_slack_s(draft.state) if slack is None else slack))
 
 
+def _held_demand(draft: Draft) -> float:
+    """The highest demand the samples read throughout a rise's confirmation span
+    (RISE_CONFIRM_S): the level the load held, not a swing's peak (0 while the samples
+    span less)."""
+    span, samples = _confirm_s(draft.spec), draft.samples
+    held = 0.0
+    for i, sample in enumerate(samples):
+        # The lowest reading of the span that ends here: the level held through it.
+        start = sample.at - span
+        if samples[0].at > start:
+            continue
+        low, j = sample.demand, i - 1
+        while j >= 0 and samples[j].at >= start:
+            low = min(low, samples[j].demand)
+            j -= 1
+        held = max(held, low)
+    return held
+
+
 def _held_level(draft: Draft, *, peak: float) -> int:
     """The count to start again for a load that left: the smallest count the engine's own
     rules kept for the load it read before it left. Not the count, which may still hold a
@@ -852,18 +871,7 @@ def _held_level(draft: Draft, *, peak: float) -> int:
     within = 1 + spec.tolerance
     if spec.tokens is None:
         return recommend.ceil_replicas(spec.with_headroom(peak) / within)
-    span, samples = _confirm_s(spec), draft.samples
-    held = 0.0
-    for i, sample in enumerate(samples):
-        # The lowest reading of the span that ends here: the level held through it.
-        start = sample.at - span
-        if samples[0].at > start:
-            continue
-        low, j = sample.demand, i - 1
-        while j >= 0 and samples[j].at >= start:
-            low = min(low, samples[j].demand)
-            j -= 1
-        held = max(held, low)
+    held = _held_demand(draft)
     return max(recommend.ceil_replicas(spec.with_headroom(held) / within),
                recommend.ceil_replicas(spec.with_headroom(peak)
                                        * spec.tokens.target_utilization))
@@ -898,9 +906,13 @@ def expect_return(draft: Draft) -> str:
     state, demand, current = draft.state, draft.demand_now, draft.cluster.current
     note = ""
     if demand is not None and current > 0:
-        # A drop is the load leaving (AWAY_SHARE) its peak.
+        # A drop is the load leaving (AWAY_SHARE) its peak, and the level it held (a
+        # swing shorter than RISE_CONFIRM_S is no level to come back to: on a warm start
+        # of the hold-out's spikes, the first readings' swing read as a drop 10 s in, and
+        # the resumed pattern released the replicas 100 s before the first spike).
         peak = max((d.demand for d in draft.samples), default=demand)
-        if state.drop_at is None and demand < AWAY_SHARE * peak:
+        if (state.drop_at is None and demand < AWAY_SHARE * peak
+                and demand < AWAY_SHARE * _held_demand(draft)):
             state = dataclasses.replace(state, drop_at=now, drop_level=max(
                 1, min(current, _held_level(draft, peak=peak))))
         elif state.drop_at is not None and demand >= AWAY_SHARE * state.drop_level:

@@ -1066,6 +1066,24 @@ def test_restart_aware_holds_the_absences_own_swings_after_a_short_slack() -> No
     assert counts[2100 - 80] == 8
 
 
+def test_restart_aware_plans_no_return_from_a_swing_of_the_first_readings() -> None:
+    # A restarted instance resumes the gap (400 s) and its jitter (none). Its first
+    # readings swing high for 10 s (80 running) and settle at 20: no level was held for a
+    # rise's confirmation (20 s), so that is no drop. Planned from it, the 8 would have
+    # gone at 30 s and come back only at 10 + 400 - 80 s, after the load that comes at
+    # 120 s. A real on phase (120 to 400 s) and its drop are planned on at once.
+    resumed = types.Learned(return_gap_s=400.0, returns=3, return_jitter_s=0.0).state()
+    aware = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=8,
+                state=resumed)
+    counts = {}
+    for t in range(0, 900, 5):
+        on = t < 10 or 120 <= t < 400 or t >= 800
+        counts[t] = aware.step(t, snap(running=80.0 if on else 20.0))
+    assert all(counts[t] == 8 for t in range(0, 400, 5))
+    assert counts[420] == 2 and counts[800 - 85] == 2
+    assert all(counts[t] == 8 for t in range(800 - 80, 900, 5))
+
+
 def test_restart_aware_starts_a_return_at_the_count_the_load_held() -> None:
     # The same square wave, but its on phase reads 7.6 and 8.4 replicas by turns (a rate's
     # swings; 8.4 is within 10 % of 8: served by 8), and 50 s before each drop a burst
