@@ -854,7 +854,7 @@ def _held_demand(draft: Draft) -> float:
     return held
 
 
-def _held_level(draft: Draft, *, peak: float) -> int:
+def _held_level(draft: Draft, *, peak: float, held: float) -> int:
     """The count to start again for a load that left: the smallest count the engine's own
     rules kept for the load it read before it left. Not the count, which may still hold a
     backlog's or a window's replicas, and not the ceiling of the peak reading.
@@ -866,12 +866,12 @@ def _held_level(draft: Draft, *, peak: float) -> int:
     Example: a square wave at 40 req/s reads 3.9 to 4.4 replicas of demand and is served
     by 4 (4.4 is within 10 % of 4); the ceiling of its 4.4 peak, 5, started a fifth
     replica ahead of every return, which the down window then held through the load.
+    `held` is that level (`_held_demand`), which the drop was found with.
     """
     spec = draft.spec
     within = 1 + spec.tolerance
     if spec.tokens is None:
         return recommend.ceil_replicas(spec.with_headroom(peak) / within)
-    held = _held_demand(draft)
     return max(recommend.ceil_replicas(spec.with_headroom(held) / within),
                recommend.ceil_replicas(spec.with_headroom(peak)
                                        * spec.tokens.target_utilization))
@@ -911,10 +911,12 @@ def expect_return(draft: Draft) -> str:
         # of the hold-out's spikes, the first readings' swing read as a drop 10 s in, and
         # the resumed pattern released the replicas 100 s before the first spike).
         peak = max((d.demand for d in draft.samples), default=demand)
-        if (state.drop_at is None and demand < AWAY_SHARE * peak
-                and demand < AWAY_SHARE * _held_demand(draft)):
-            state = dataclasses.replace(state, drop_at=now, drop_level=max(
-                1, min(current, _held_level(draft, peak=peak))))
+        if state.drop_at is None and demand < AWAY_SHARE * peak:
+            # (The peak first: it is cheap, and the held level is never above it.)
+            held = _held_demand(draft)
+            if demand < AWAY_SHARE * held:
+                state = dataclasses.replace(state, drop_at=now, drop_level=max(
+                    1, min(current, _held_level(draft, peak=peak, held=held))))
         elif state.drop_at is not None and demand >= AWAY_SHARE * state.drop_level:
             seen = now - state.drop_at
             gap, jitter = state.return_gap_s, state.return_jitter_s
