@@ -479,6 +479,11 @@ def recommend_replicas(draft: Draft) -> str:
     The HPA's tolerance: a capacity measure within 10 % of the current count changes
     nothing, so demand hovering at a boundary (5.9, 6.1, 5.8 replicas) does not flap the
     count. The queue and latency guards are exempt: they act on pressure.
+    A rise of more than one replica buys the smallest count whose tolerance holds the
+    reading: 9.4 replicas of demand on 8 buys 9, which then holds it (within 10 %), where
+    rounding up bought a tenth replica that the down window held for 300 s and that, on
+    a steep ramp, booted a node. Not while a backlog is served (its sizing is its own),
+    and not when the KV cache or a queue or latency guard asks for the larger count.
     """
     current, spec = draft.cluster.current, draft.spec
     demands: list[tuple[Rule, float]] = [
@@ -529,6 +534,14 @@ def recommend_replicas(draft: Draft) -> str:
         # The capacity measure changes nothing; the queue and latency guards still may.
         raw = max([current] + [r for r, rule, _ in candidates
                                if rule.kind is not Kind.CAPACITY])
+    elif (raw > current + 1 and winner.kind is Kind.CAPACITY and not draft.backlogged
+          and raw_demand <= (raw - 1) * (1 + tolerance)
+          and all(r < raw for r, rule, _ in candidates
+                  if rule.kind is not Kind.CAPACITY or rule is Rule.KV_CACHE)):
+        # A rise buys the count the tolerance would then hold, not one more.
+        draft.notes.append(f"{judged} at {raw_demand:.2f} replicas is within "
+                           f"{tolerance:.0%} of {raw - 1}: {raw - 1} bought, not {raw}")
+        raw -= 1
     draft.raw, draft.winner, draft.desired = raw, winner, raw
     draft.tolerated = tolerated_count(draft, candidates=candidates, judged=judged,
                                       demand=raw_demand)

@@ -358,7 +358,7 @@ async def scrape_running_service(tmp_path: Path) -> str:
         await service.start()
         await asyncio.wait_for(service.wait_sources_ready(), timeout=10)
         await e2e.eventually(lambda: service is not None and service.state.ready, what="ready")
-        await e2e.publish(server.url, e2e.burst(sources=30, in_flight=5.0))
+        await e2e.publish(server.url, e2e.burst(sources=30, in_flight=5.2))
         await e2e.eventually(lambda: cluster.current.get(e2e.KEY) == 15, what="scaled")
         await e2e.publish(server.url, e2e.burst(sources=1, in_flight=1.0, age_s=600.0))
         await e2e.eventually(lambda: service is not None and bool(service.state.dropped()),

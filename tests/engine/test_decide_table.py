@@ -29,8 +29,9 @@ def test_float_noise_does_not_add_a_replica() -> None:
 
 def test_spike_with_zero_up_window() -> None:
     sim = Sim(policy())
-    # (t, running, expected replicas): a 0 s up window meets the spike at once.
-    timeline = [(0, 10, 1), (15, 80, 8), (30, 80, 8), (45, 95, 10)]
+    # (t, running, expected replicas): a 0 s up window meets the spike at once. 9.5
+    # replicas on 8 buy 9, the count whose 10 % tolerance holds them; 10 on 9 buy 10.
+    timeline = [(0, 10, 1), (15, 80, 8), (30, 80, 8), (45, 95, 9), (60, 100, 10)]
     got = [(t, running, sim.step(t, snap(running=running, waiting=0)))
            for t, running, _ in timeline]
     assert got == timeline
@@ -317,7 +318,8 @@ def test_look_ahead_reports_its_forecast() -> None:
     assert fc.slope_per_s == pytest.approx(0.1, rel=1e-6)
     assert fc.time_to_ready_s == 60
     assert fc.demand_at_ready == pytest.approx(12 + 6, rel=1e-6)
-    assert sim.last.desired == 18 and sim.last.winner == "forecast"
+    # 18 on 16 replicas buys 17, which holds 18 within its 10 % tolerance.
+    assert sim.last.desired == 17 and sim.last.winner == "forecast"
 
 
 def test_node_boot_lengthens_time_to_ready_when_no_gpu_is_free() -> None:
@@ -387,8 +389,9 @@ def test_prompt_tokens_count_as_replica_time() -> None:
     snapshot = types.SignalSnapshot(
         tokens_per_second=value(2000),
         prompt_tokens_per_second=value(60000))
-    # (2000 / 2400 + 60000 / 25000) / 0.8 = 4.04 -> 5; generated tokens alone say 2.
-    assert sim.step(0, snapshot) == 5
+    # (2000 / 2400 + 60000 / 25000) / 0.8 = 4.04 -> 5; generated tokens alone say 2. The
+    # rise from 1 buys 4, which holds 4.04 within its 10 % tolerance.
+    assert sim.step(0, snapshot) == 4
     assert sim.last is not None and sim.last.signals[0].recommendation == 5
 
 
@@ -479,6 +482,27 @@ def test_noisy_demand_gets_no_look_ahead_but_a_ramp_does() -> None:
             assert noisy.last.forecast.slope_per_s == 0.0, t
 
 
+def test_a_rise_buys_the_count_whose_tolerance_holds_the_reading() -> None:
+    # 9.5 replicas of demand on 8: 9 hold it within 10 %, so 9 are bought, not the
+    # ceiling 10 that the down window would then hold for 300 s.
+    sim = Sim(policy(), current=8)
+    assert sim.step(0, snap(running=95)) == 9
+    assert sim.last is not None
+    assert "concurrency at 9.50 replicas is within 10% of 9: 9 bought, not 10" \
+        in sim.last.notes
+    assert {sim.step(t, snap(running=95)) for t in range(5, 400, 5)} == {9}
+    # Beyond 9's tolerance (9.95 > 9.9) the ceiling is bought; a rise of one replica is
+    # the ceiling anyway (its reading is beyond the current count's tolerance).
+    assert Sim(policy(), current=8).step(0, snap(running=99.5)) == 10
+    assert Sim(policy(), current=9).step(0, snap(running=95.5)) == 9
+    # The KV cache asking for the ceiling keeps it: memory's margin is not compute's.
+    # 10 ready at 99 % of their caches read 10 x 0.99 / 0.8 = 12.4 replicas: 13.
+    kv = Sim(policy(signals=KV_POLICY), current=10)
+    reading = types.SignalSnapshot(tokens_per_second=value(11.5 * 4800),
+                                   kv_cache_usage=value(0.99))
+    assert kv.step(0, reading) == 13
+
+
 def test_look_ahead_is_not_extrapolated_past_its_history() -> None:
     """A rising edge seen for 70 s is projected at most 70 s ahead, even with a 360 s start."""
     p = policy(forecast={"enabled": True, "windowSeconds": 120}, replicas={"min": 1, "max": 200},
@@ -559,10 +583,11 @@ def test_the_down_window_holds_the_count_the_tolerance_keeps() -> None:
     wider = Sim(policy(signals=TOKENS), current=3)
     assert set(_wobble(wider, until=700, readings=(2.3, 1.95, 2.3, 1.9))) == {3}
     # A down window shorter than a pod start (60 s here) keeps what a rise bought: the
-    # third replica bought for 2.15 would otherwise go after 30 s, before it is ready.
+    # third replica bought for 2.3 would otherwise go, for readings of 2.15 that 2 hold,
+    # after 30 s, before it is ready.
     short = {**BEHAVIOR, "scaleDown": {"stabilizationSeconds": 30, "policies": []}}
     quick = Sim(policy(signals=TOKENS, behavior=short), current=1)
-    assert quick.step(0, snap(tps=2.15 * PER_REPLICA_TPS)) == 3
+    assert quick.step(0, snap(tps=2.3 * PER_REPLICA_TPS)) == 3
     assert {quick.step(t, snap(tps=2.15 * PER_REPLICA_TPS)) for t in range(5, 200, 5)} == {3}
 
 
@@ -1121,9 +1146,10 @@ def test_restart_aware_plans_no_return_from_a_swing_of_the_first_readings() -> N
 def test_restart_aware_starts_a_return_at_the_count_the_load_held() -> None:
     # The same square wave, but its on phase reads 7.6 and 8.4 replicas by turns (a rate's
     # swings; 8.4 is within 10 % of 8: served by 8), and 50 s before each drop a burst
-    # reads 9.5 and buys 10, which the window still holds at the drop. Started again
-    # ahead of the third return: 9, the count the engine's rules keep for the peak it read
-    # (9.5 is within 10 % of 9), not the 10 it left with (the ceiling of that peak, too).
+    # reads 9.5, which the window still holds at the drop. Started again ahead of the
+    # third return: 9, the count the engine's rules keep for the peak it read (9.5 is
+    # within 10 % of 9), not its ceiling, 10. (A rise buys that count too, since the rise
+    # rule of `recommend_replicas`; before it, the burst bought 10 and was left with.)
     aware = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=8)
     counts = {}
     for cycle in range(4):
@@ -1133,7 +1159,7 @@ def test_restart_aware_starts_a_return_at_the_count_the_load_held() -> None:
             running = (95.0 if t == begin + 250 else 84.0 if t // 5 % 2 else 76.0) if on \
                 else 20.0
             counts[t] = aware.step(t, snap(running=running))
-    assert aware.state.returns >= 2 and counts[1695] == 10
+    assert aware.state.returns >= 2 and counts[1695] == 9
     assert min(c for t, c in counts.items() if 1700 <= t < 2100) == 2
     assert counts[2100 - 80] == 9 and counts[2100 - 85] < 9
     assert all(counts[t] == 9 for t in range(2100 - 80, 2100, 5))
@@ -1303,7 +1329,7 @@ def test_restart_aware_keeps_the_window_for_levels_that_come_back_late() -> None
 
 def _swing(sim: Sim, *, waiting: float) -> None:
     """Demand for 12 replicas, then 10 for 50 s, then 12 again 55 s after it was last
-    recommended: running + `waiting` at 10 per replica (8 ready at first)."""
+    recommended: running + `waiting` at 10 per replica (12 ready at first)."""
     for t in range(0, 200, 5):
         running = 100.0 - waiting if 50 <= t < 100 else 120.0 - waiting
         sim.step(t, snap(running=running, waiting=waiting))
@@ -1314,11 +1340,11 @@ def test_restart_aware_learns_no_return_from_a_backlog() -> None:
     # echo, not load that came back, so they teach the learned hold nothing. The same
     # swing with nothing waiting is a level of the load returning after 55 s (1.5 x 55 =
     # 82.5 s, longer than the 60 s pod start: it would hold later falls 83 s).
-    backlogged = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=8)
+    backlogged = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=12)
     _swing(backlogged, waiting=40.0)  # beyond 1 waiting per ready replica: overloaded
     assert backlogged.last is not None and backlogged.last.desired == 12
     assert backlogged.state.level_returns == ()
-    steady = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=8)
+    steady = Sim(policy(behavior={**BEHAVIOR, "restartAware": True}), current=12)
     _swing(steady, waiting=0.0)
     assert [r.after_s for r in steady.state.level_returns] == [55.0]
 

@@ -10,11 +10,12 @@ from scaler.engine import types
 from tests.engine.helpers import Sim, policy, snap, value
 
 # 1,000 tokens/s a replica at 0.8: 3,200 tokens/s is 4.0 replicas, 3,760 is 4.7 (within
-# the 1 / 0.8 = 1.25x margin of 4, beyond the 10 % tolerance), 4,400 is 5.5 (beyond it).
+# the 1 / 0.8 = 1.25x margin of 4, beyond the 10 % tolerance), 4,600 is 5.75 (beyond it,
+# and beyond 5's tolerance: it buys 6).
 SIGNALS = {"tokensPerSecond": {"capacityPerReplica": 1000, "targetUtilization": 0.8},
            "queueDepth": {"targetWaitingPerReplica": 4},
            "p95Latency": {"metric": "ttft", "sloSeconds": 2.0}}
-STEADY, SWING, BEYOND = 3200.0, 3760.0, 4400.0
+STEADY, SWING, BEYOND = 3200.0, 3760.0, 4600.0
 CALM = {"waiting": 0.0, "p95": 0.3}
 
 

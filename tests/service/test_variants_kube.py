@@ -230,10 +230,10 @@ async def explain(world: World, capsys: pytest.CaptureFixture[str]) -> str:
 async def test_each_variant_in_status_metrics_explain_and_its_own_pool(
         start_world: Start, nats_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     world = await start_world(h100_replicas=2, l40s_replicas=0)
-    # 95 in flight: a demand of 100 requests. The 2 warm H100 serve 60; the 40 short go to
-    # the cheapest cover, 4 L40S (4.0/h; 2 more H100 would cost 8.0/h), which fill pool
+    # 100 in flight: a demand of 100 requests. The 2 warm H100 serve 60; the 40 short go
+    # to the cheapest cover, 4 L40S (4.0/h; 2 more H100 would cost 8.0/h), which fill pool
     # l40s: h100 2, l40s 4.
-    await publish(nats_url, world, 95.0)
+    await publish(nats_url, world, 100.0)
     await until(holds(world, 2, 4), what="h100 2, l40s 4")
 
     def row(name: str, *, desired: int, pool: str) -> dict[str, Any]:

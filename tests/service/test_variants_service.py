@@ -139,13 +139,13 @@ async def test_variants_are_mixed_written_to_each_target_and_explained(
                                  "of 30 requests" in n for n in notes(service)),
                      what="the mix explained")
 
-    # 95 in flight: a demand of 100, 70 short. Cheapest cover of the shortfall would be 7
+    # 100 in flight: a demand of 100, 70 short. Cheapest cover of the shortfall would be 7
     # L40S (7.0/h), but the L40S pool holds 4: it fills it (40) and one more H100 takes
     # the rest (30): both Deployments patched, 2 x 4.0 + 4 x 1.0 = 12.0/h. The first
     # L40S patch is refused (H100 already written): a half-applied mix, counted, and
     # written whole at the next evaluation.
     emulator.inject(kube_emulator.Fault(verb="patch", path=f"/{L40S}/scale$", status=422))
-    await publish(nats_url, 95.0)
+    await publish(nats_url, 100.0)
     await eventually(lambda: replicas(emulator) == (2, 4), what="h100 2, l40s 4")
     assert patches(service, "partial") == 1
     await eventually(lambda: any("variant h100: 2, l40s: 4; cheapest mix meeting the demand "
@@ -175,7 +175,7 @@ async def test_dry_run_mixes_and_writes_nothing(
 ) -> None:
     running = await _service(nats_url, emulator, tmp_path, dry_run=True)
     try:
-        await publish(nats_url, 95.0)
+        await publish(nats_url, 100.0)
         await eventually(lambda: any("variant h100: 2, l40s: 4" in n for n in notes(running)),
                          what="the mix decided")
         await eventually(lambda: patches(running, "dry_run") > 0, what="a dry-run write")
