@@ -480,10 +480,10 @@ def recommend_replicas(draft: Draft) -> str:
     nothing, so demand hovering at a boundary (5.9, 6.1, 5.8 replicas) does not flap the
     count. The queue and latency guards are exempt: they act on pressure.
     A rise of more than one replica buys the smallest count whose tolerance holds the
-    reading: 9.4 replicas of demand on 8 buys 9, which then holds it (within 10 %), where
-    rounding up bought a tenth replica that the down window held for 300 s and that, on
-    a steep ramp, booted a node. Not while a backlog is served (its sizing is its own),
-    and not when the KV cache or a queue or latency guard asks for the larger count.
+    reading: 9.5 replicas of demand on 8 buys 9, which then holds it (within 10 %), where
+    rounding up bought a tenth replica that the down window held for 300 s (on a steep
+    ramp, 14 % of the run's GPU-hours). Not while a backlog is served (its sizing is its
+    own), and not when the KV cache or a queue or latency guard asks for the larger count.
     """
     current, spec = draft.cluster.current, draft.spec
     demands: list[tuple[Rule, float]] = [
