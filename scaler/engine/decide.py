@@ -93,7 +93,6 @@ class Draft:
     raw: int | None = None
     load_raw: int | None = None  # the recommendation without the backlog's drain term
     tolerated: int | None = None  # one less than raw, when its tolerance keeps the reading
-    load_tolerated: int | None = None  # one less than load_raw, the same way
     winner: Rule | None = None
     desired: int | None = None
 
@@ -548,20 +547,12 @@ def recommend_replicas(draft: Draft) -> str:
     if draft.tolerated is not None:
         draft.notes.append(f"{judged} at {raw_demand:.2f} replicas would not raise "
                            f"{draft.tolerated}: the down window holds {draft.tolerated}")
-    if draft.backlogged and any(rule is Rule.ARRIVAL_RATE for _, rule, _ in candidates):
-        # Only where the load is known: the arrival rate sized by the learned load. What
-        # the down window holds of it once the backlog is gone, with the tolerance a count
-        # holds its reading by: the rate, estimated while replicas start and drain, swings
-        # by a tenth (3.4 to 4.03 replicas on a step to 40 req/s), and the highest of 300 s
-        # of them, rounded up, held a fifth replica five minutes after the drain.
-        count, _, demand = max((c for c in candidates if c[1].kind is Kind.CAPACITY
-                                and c[1] not in BACKLOG_READINGS), key=lambda c: (c[0], c[2]))
-        draft.load_raw = min(raw, count)
-        if draft.load_raw >= 2 and demand <= (draft.load_raw - 1) * (1 + tolerance):
-            draft.load_tolerated = draft.load_raw - 1
-            draft.notes.append(f"the load at {demand:.2f} replicas is within {tolerance:.0%} "
-                               f"of {draft.load_tolerated}: once the backlog is gone, the "
-                               f"down window holds {draft.load_tolerated} for it")
+    if draft.backlogged:
+        # Only where the load is known: the arrival rate sized by the learned load.
+        load = [r for r, rule, _ in candidates
+                if rule.kind is Kind.CAPACITY and rule not in BACKLOG_READINGS]
+        if any(rule is Rule.ARRIVAL_RATE for _, rule, _ in candidates):
+            draft.load_raw = min(raw, max(load))
     return f"{raw} replicas ({winner}" + ("; a rise within the margin, not yet confirmed)"
                                          if unconfirmed else ")")
 
@@ -770,15 +761,18 @@ def stabilize_count(draft: Draft) -> str:
     if draft.spec.restart_aware:
         down_window, hold = restart_hold(draft)
     history = draft.state.recommendations
-    # A backlog is a one-off need: once it is worked off (no reading above load +
-    # draining), the window remembers the load of its time, so replicas bought to drain
-    # it go now, not a window later.
-    # Example: a step to 60 req/s queued 3,300; 9 replicas drained it where the load
-    # needs 6; the 9 were held 300 s after the drain, 1.3 GPU-h of a 2.9 GPU-h run.
-    loads = ((not draft.backlogged or (draft.draining and not draft.held_to_load))
-             and list(map(_LOAD, history)).count(None) < len(history))  # one has a load
-    if loads or list(map(_TOLERATED, history)).count(None) < len(history):
-        history = tuple([_held_count(r, loads=loads) for r in history])
+    if list(map(_TOLERATED, history)).count(None) < len(history):  # one has a tolerated
+        history = tuple(r if r.tolerated is None else
+                        dataclasses.replace(r, replicas=r.tolerated) for r in history)
+    if ((not draft.backlogged or (draft.draining and not draft.held_to_load))
+            and list(map(_LOAD, history)).count(None) < len(history)):  # one has a load
+        # A backlog is a one-off need: once it is worked off (no reading above load +
+        # draining), the window remembers the load of its time, so replicas bought to
+        # drain it go now, not a window later.
+        # Example: a step to 60 req/s queued 3,300; 9 replicas drained it where the load
+        # needs 6; the 9 were held 300 s after the drain, 1.3 GPU-h of a 2.9 GPU-h run.
+        history = tuple(r if r.load is None else dataclasses.replace(r, replicas=r.load)
+                        for r in history)
     held = draft.raw if draft.tolerated is None else draft.tolerated
     desired = stabilize.stabilize(behavior, current=current, recommendation=held,
                                   history=history, now=draft.now,
@@ -802,18 +796,6 @@ def stabilize_count(draft: Draft) -> str:
     draft.clamp(ClampName.STABILIZATION_DOWN if down else ClampName.STABILIZATION_UP, desired,
                 f"{seconds}s window keeps {desired}")
     return f"the {window} window keeps {desired}" + (f"; {hold}" if down and hold else "")
-
-
-def _held_count(past: types.Recommendation, *, loads: bool) -> types.Recommendation:
-    """A past recommendation as the down window holds it: its tolerated count, and once a
-    backlog is gone (`loads`) the load of its time (also with its tolerance)."""
-    if past.load is None:
-        return past if past.tolerated is None else dataclasses.replace(
-            past, replicas=past.tolerated)
-    if not loads:
-        return past
-    return dataclasses.replace(
-        past, replicas=past.load if past.tolerated is None else past.tolerated)
 
 
 # The load is away while demand is under this share of its peak before it left (the
@@ -1322,8 +1304,7 @@ def _remember(draft: Draft, decision: types.Decision) -> types.EngineState:
     recs_after, events_after = now - keep_recs, now - keep_events
     recommendations = tuple([r for r in state.recommendations if r.at > recs_after])
     recommendations = (*recommendations, types.Recommendation(
-        at=now, replicas=raw, load=draft.load_raw,
-        tolerated=draft.tolerated if draft.load_raw is None else draft.load_tolerated))
+        at=now, replicas=raw, load=draft.load_raw, tolerated=draft.tolerated))
     events = tuple([e for e in state.events if e.at > events_after])
     if decision.desired != decision.current:
         events = (*events, types.ScaleEvent(at=now, delta=decision.desired - decision.current))

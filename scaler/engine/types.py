@@ -217,8 +217,7 @@ class Recommendation:
     down window holds that, not what draining it took.
     `tolerated`: one less than `replicas` when that count's tolerance (or its utilisation
     margin) would have kept it for the same reading (None otherwise): what the down window
-    holds, so a reading at 2.05 replicas, rounded up to 3, holds 2 and not 3. With a
-    `load`, one less than the load by its tolerance alone (4.02 replicas of load hold 4).
+    holds, so a reading at 2.05 replicas, rounded up to 3, holds 2 and not 3.
     """
 
     at: float

@@ -982,40 +982,6 @@ def test_the_down_window_forgets_what_draining_a_backlog_took() -> None:
     assert not any(c.name == "stabilization_down" for c in sim.last.clamps)
 
 
-def test_the_load_held_after_a_backlog_has_the_tolerance_of_a_count() -> None:
-    # A step to 35 req/s that queues 60/s: the load is 35 x 0.096 = 3.35 replicas (the
-    # load of a request learned at 10 req/s), and draining the queue buys 5. While the
-    # backlog is worked off, one reading of the rate swings to 42 req/s: 4.02 replicas,
-    # which the tolerance keeps at 4 (within 10 %). Once the backlog is gone the down
-    # window holds 4, not a fifth replica for 300 s.
-    p = policy(signals={"concurrency": {"targetPerReplica": 10},
-                        "queueDepth": {"targetWaitingPerReplica": 2}})
-    sim = Sim(p, current=1)
-
-    def at(t: int, *, running: float, waiting: float, rate: float, done: float) -> int:
-        return sim.step(t, types.SignalSnapshot(
-            in_flight=value(running), queue_depth=value(waiting), arrival_rate=value(rate),
-            completion_rate=value(done)))
-
-    for t in range(0, 40, 2):
-        at(t, running=10, waiting=0, rate=10, done=10)
-    for t in range(40, 71, 2):
-        at(t, running=20, waiting=60.0 * (t - 40), rate=35, done=13)
-    assert sim.current == 5
-    for t in range(72, 110, 2):
-        at(t, running=max(35.0, 1820.0 - 50.0 * (t - 72)), waiting=0,
-           rate=42 if t == 90 else 35, done=85)
-        if t == 90:
-            assert sim.last is not None
-            assert any("the load at 4.02 replicas is within 10% of 4" in note
-                       for note in sim.last.notes), sim.last.notes
-    for t in range(110, 240, 2):
-        at(t, running=35, waiting=0, rate=35, done=35)
-    assert sim.current == 4
-    assert sim.last is not None
-    assert not any(c.name == "stabilization_down" for c in sim.last.clamps)
-
-
 def test_a_falling_load_without_an_overload_is_load() -> None:
     # The running count falls as fast, but nothing queued before: the load itself fell
     # and the count follows the concurrency it reads, not a learned rate.
