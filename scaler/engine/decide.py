@@ -535,8 +535,7 @@ def recommend_replicas(draft: Draft) -> str:
                                if rule.kind is not Kind.CAPACITY])
     elif (raw > current + 1 and winner.kind is Kind.CAPACITY and not draft.backlogged
           and raw_demand <= (raw - 1) * (1 + tolerance)
-          and all(r < raw for r, rule, _ in candidates
-                  if rule.kind is not Kind.CAPACITY or rule is Rule.KV_CACHE)):
+          and not _strain_asks(candidates, raw)):
         # A rise buys the count the tolerance would then hold, not one more.
         draft.notes.append(f"{judged} at {raw_demand:.2f} replicas is within "
                            f"{tolerance:.0%} of {raw - 1}: {raw - 1} bought, not {raw}")
@@ -555,6 +554,14 @@ def recommend_replicas(draft: Draft) -> str:
             draft.load_raw = min(raw, max(load))
     return f"{raw} replicas ({winner}" + ("; a rise within the margin, not yet confirmed)"
                                          if unconfirmed else ")")
+
+
+def _strain_asks(candidates: list[tuple[int, Rule, float]], count: int) -> bool:
+    """Whether the KV cache, or a queue or latency guard, asks for `count` replicas or
+    more: what they read is pressure (or memory's margin, which is not compute's), so
+    the tolerance of a capacity reading never takes a replica they ask for."""
+    return any(asked >= count for asked, rule, _ in candidates
+               if rule.kind is not Kind.CAPACITY or rule is Rule.KV_CACHE)
 
 
 def tolerated_count(draft: Draft, *, candidates: list[tuple[int, Rule, float]],
@@ -584,8 +591,7 @@ def tolerated_count(draft: Draft, *, candidates: list[tuple[int, Rule, float]],
             or judged is Rule.KV_CACHE or times is None
             or window <= 0 or window < times.pod_start_s):
         return None
-    if any(count >= raw for count, rule, _ in candidates
-           if rule.kind is not Kind.CAPACITY or rule is Rule.KV_CACHE):
+    if _strain_asks(candidates, raw):
         return None
     lower = raw - 1
     if (demand <= lower * (1 + spec.tolerance)

@@ -491,9 +491,11 @@ def test_a_rise_buys_the_count_whose_tolerance_holds_the_reading() -> None:
     assert "concurrency at 9.50 replicas is within 10% of 9: 9 bought, not 10" \
         in sim.last.notes
     assert {sim.step(t, snap(running=95)) for t in range(5, 400, 5)} == {9}
-    # Beyond 9's tolerance (9.95 > 9.9) the ceiling is bought; a rise of one replica is
-    # the ceiling anyway (its reading is beyond the current count's tolerance).
+    # Beyond 9's tolerance (9.95 > 9.9) the ceiling is bought. A rise of one replica is
+    # the ceiling anyway (its reading is beyond the current count's tolerance), and
+    # within that tolerance nothing moves.
     assert Sim(policy(), current=8).step(0, snap(running=99.5)) == 10
+    assert Sim(policy(), current=9).step(0, snap(running=99.5)) == 10
     assert Sim(policy(), current=9).step(0, snap(running=95.5)) == 9
     # The KV cache asking for the ceiling keeps it: memory's margin is not compute's.
     # 10 ready at 99 % of their caches read 10 x 0.99 / 0.8 = 12.4 replicas: 13.
