@@ -304,6 +304,14 @@ class EngineState:
     return_jitter_s: how far those returns came from the learned gap (smoothed mean
       absolute deviation; None until a return was measured against one): a regular
       return is planned with less slack (`decide._return_slack_s`).
+    last_drop_at / drop_cycle_s / drop_cycles: when demand last fell away, the time from
+      one drop to the next (smoothed; None until seen) and how many came after about
+      that time in a row (a cycle once there are two): a rise is not extrapolated past
+      the next drop (`decide._until_drop`); drop_jitter_s: how far those drops came from
+      the cycle (smoothed mean absolute deviation, as return_jitter_s).
+    cycle_demand / last_cycle_demand: the highest demand read in each CYCLE_BIN_S of the
+      time since the last drop, for this cycle and for the one before it (`decide.UNREAD`
+      where nothing was read): what a cycle needs when (`decide.cycle_ahead`).
     served_share / served_samples: the share of the tokens/s capacity model that replicas
       were seen to serve while saturated (1 until seen), and how many samples it holds.
     saturated_since / saturated_ready: when the current overload began and the ready
@@ -335,6 +343,12 @@ class EngineState:
     return_gap_s: float | None = None
     returns: int = 0
     return_jitter_s: float | None = None
+    last_drop_at: float | None = None
+    drop_cycle_s: float | None = None
+    drop_cycles: int = 0
+    drop_jitter_s: float | None = None
+    cycle_demand: tuple[float, ...] = ()
+    last_cycle_demand: tuple[float, ...] = ()
     served_share: float = 1.0
     served_samples: int = 0
     saturated_since: float | None = None
@@ -456,6 +470,7 @@ class Rule(enum.StrEnum):
     KV_CACHE = "kv_cache"
     FORECAST = "forecast"
     RETURN = "return"
+    CYCLE = "cycle"
 
     @property
     def kind(self) -> OpinionKind:
@@ -544,7 +559,9 @@ class Forecast:
     time_to_ready_s; replicas_at_node_ready: the forecast one node boot further, for node
     headroom. horizon_scale: the share of the trend trusted after checking past forecasts;
     step: the window read as a step (no trend extrapolated through it); recent: the slope
-    held to what the demand's last 30 s allow (a rise that has stopped is no trend).
+    held to what the demand's last 30 s allow (a rise that has stopped is no trend);
+    drop_in_s: the load falls away this soon, as it has every cycle, before a replica
+    started now is ready: the trend is extrapolated up to then only (None otherwise).
     """
 
     time_to_ready_s: float
@@ -557,6 +574,7 @@ class Forecast:
     horizon_scale: float = 1.0
     step: bool = False
     recent: bool = False
+    drop_in_s: float | None = None
 
 
 @fast_init

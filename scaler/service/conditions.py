@@ -17,7 +17,7 @@ Status = dict[str, Any]
 Type = crd.ConditionType
 
 # The rules that read a policy's configured signals (the rest are derived: arrival rate,
-# forecast, return), so the ones SignalsFresh speaks for.
+# forecast, return, cycle), so the ones SignalsFresh speaks for.
 SIGNAL_RULES = (types.Rule.CONCURRENCY, types.Rule.QUEUE_DEPTH,
                 types.Rule.TOKENS_PER_SECOND, types.Rule.P95_LATENCY)
 

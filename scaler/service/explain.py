@@ -146,6 +146,7 @@ _RULE_WORDS: dict[str, str] = {
     engine_types.Rule.ARRIVAL_RATE: "the arrival rate",
     engine_types.Rule.FORECAST: "the cold-start look-ahead",
     engine_types.Rule.RETURN: "the load's expected return",
+    engine_types.Rule.CYCLE: "what the load's last cycle needed next",
 }
 # What a clamp did, given the count it left: "the down window holds 6".
 _CLAMP_WORDS: dict[str, str] = {
@@ -266,6 +267,11 @@ def describe(document: dict[str, Any]) -> str:
             f"{forecast['slope_per_s']:+.4f}/s, so {forecast['demand_at_ready']:.2f} when a "
             f"new replica would be ready: {_replicas(forecast['replicas_at_ready'])}."
         )
+        if forecast.get("drop_in_s") is not None:  # absent from an older server's document
+            lines.append(
+                f"  The load falls away in {forecast['drop_in_s']:.0f} s, as it has every "
+                "cycle: the trend is extrapolated up to then only."
+            )
     if decision["recommendation"] is not None:
         lines.append(f"Recommendation before limits: {_replicas(decision['recommendation'])}.")
     if decision["clamps"]:

@@ -1421,3 +1421,185 @@ def test_the_served_share_is_bounded() -> None:
     for t in range(0, 80, 2):
         sim.step(t, _saturated(prompt=125_000, generated=0), ready=1)
     assert sim.state.served_share == 2.0
+
+
+def _sawtooth(sim: Sim, *, cycles: int, periods: list[int] | None = None
+              ) -> list[tuple[int, types.Decision]]:
+    """Running requests climbing 10 -> 100 over 240 s, then 10 until the period ends (300 s,
+    or each of `periods` in turn); 10 per replica. Each 4 s step's decision."""
+    out: list[tuple[int, types.Decision]] = []
+    begin = 0
+    for cycle in range(cycles):
+        period = (periods or [300])[cycle % len(periods or [300])]
+        for t in range(begin, begin + period, 4):
+            into = t - begin
+            running = 10.0 + 90.0 * into / 240 if into < 240 else 10.0
+            sim.step(t, snap(running=running))
+            assert sim.last is not None
+            out.append((t, sim.last))
+        begin += period
+    return out
+
+
+def test_a_rise_is_not_extrapolated_past_the_drop_that_ends_each_cycle() -> None:
+    # A sawtooth: the look-ahead (pod start 60 s) projects each climb's trend a minute on,
+    # past the drop at its top. Once drops came a cycle apart twice in a row (three
+    # drops: at 240, 540 and 840 s), the trend is extrapolated up to the next drop only.
+    p = policy(forecast={"enabled": True, "windowSeconds": 120},
+               replicas={"min": 1, "max": 40}, behavior={**BEHAVIOR, "restartAware": True})
+    sim = Sim(p, current=1, ready_after=60)
+    decisions = dict(_sawtooth(sim, cycles=5))
+    assert sim.state.drop_cycles >= 2
+    assert sim.state.drop_cycle_s == pytest.approx(300, abs=8)
+
+    def forecast_at(t: int) -> types.Forecast:
+        fc = decisions[t].forecast
+        assert fc is not None
+        return fc
+
+    # 20 s before the top of the second climb (cycle not known yet): a minute's trend.
+    early = forecast_at(300 + 220)
+    assert early.drop_in_s is None
+    assert early.demand_at_ready == pytest.approx(
+        early.demand_now + early.slope_per_s * early.horizon_scale * 60, rel=1e-6)
+    # The same point of the fifth climb: the trend up to the drop, about 20 s ahead.
+    late = forecast_at(1200 + 220)
+    assert late.drop_in_s is not None and 12 <= late.drop_in_s <= 28
+    assert late.demand_at_ready == pytest.approx(
+        late.demand_now + late.slope_per_s * late.horizon_scale * late.drop_in_s, rel=1e-6)
+    assert late.demand_at_ready < early.demand_at_ready
+    look = next(s for s in decisions[1200 + 220].steps if s.name == "look_ahead")
+    assert "the load falls away in" in look.detail
+    # Early in a climb the drop is further off than a pod start: the whole minute.
+    assert forecast_at(1200 + 100).drop_in_s is None
+
+
+def test_drops_that_come_irregularly_make_no_cycle() -> None:
+    # Drops 300 and 325 s apart by turns: no two in a row within 5 % of each other.
+    p = policy(forecast={"enabled": True, "windowSeconds": 120},
+               replicas={"min": 1, "max": 40}, behavior={**BEHAVIOR, "restartAware": True})
+    sim = Sim(p, current=1, ready_after=60)
+    decisions = _sawtooth(sim, cycles=6, periods=[300, 325])
+    assert sim.state.drop_cycles < 2
+    assert all(d.forecast is None or d.forecast.drop_in_s is None for _, d in decisions)
+
+
+def test_a_cycle_whose_drop_does_not_come_is_forgotten() -> None:
+    p = policy(forecast={"enabled": True, "windowSeconds": 120},
+               replicas={"min": 1, "max": 40}, behavior={**BEHAVIOR, "restartAware": True})
+    sim = Sim(p, current=1, ready_after=60)
+    _sawtooth(sim, cycles=4)
+    assert sim.state.drop_cycles >= 2
+    # Then the load holds at its top: the drop due at 1140 s does not come.
+    for t in range(1200, 1600, 4):
+        sim.step(t, snap(running=100.0))
+    assert sim.state.drop_cycles == 0 and sim.state.drop_cycle_s is None
+
+
+def _running_at(t: float, *, period: int = 300) -> float:
+    """The sawtooth of `_sawtooth` (one period for all cycles) at `t`."""
+    into = t % period
+    return 10.0 + 90.0 * into / 240 if into < 240 else 10.0
+
+
+# A pod start of 120 s: the sawtooth's climb reaches half its top 156 s after each drop,
+# within a restart and its slack (120 + 60 s): a dip, no return to plan.
+SLOW_START = {**BASE["spec"]["coldStart"], "imagePullSeconds": 90}
+
+
+def test_a_cycle_releases_what_it_needs_no_more_within_a_restart() -> None:
+    # The sawtooth of 10 -> 100 running over 240 s, every 300 s (1 to 10 replicas), pod
+    # start 120 s. The HPA's 300 s window spans the whole cycle: it holds the top's
+    # replicas throughout. Once the drops came a cycle apart twice in a row (at 240, 540
+    # and 840 s) and the last cycle's demand was recorded (540-840 s), each cycle is
+    # planned from the one before: the top is released the slack after the drop (20 s:
+    # the drops came within a second of the cycle) to what the last cycle needed within
+    # a restart's time (120 + 20 s: up to 100 s into the climb, 4.75 replicas), and each
+    # level is back one restart before the climb reaches it.
+    hpa = Sim(policy(replicas={"min": 1, "max": 40}, coldStart=SLOW_START), current=1,
+              ready_after=120)
+    aware = Sim(policy(replicas={"min": 1, "max": 40}, coldStart=SLOW_START,
+                       behavior={**BEHAVIOR, "restartAware": True}), current=1,
+                ready_after=120)
+    held = dict((t, d.desired) for t, d in _sawtooth(hpa, cycles=6))
+    decisions = dict(_sawtooth(aware, cycles=6))
+    planned = {t: d.desired for t, d in decisions.items()}
+    assert aware.state.drop_cycles >= 2 and aware.state.drop_jitter_s is not None
+    assert aware.state.drop_jitter_s < 5
+    fifth = range(1140, 1440, 4)  # from the fifth drop to the sixth
+    assert all(held[t] == 9 for t in fifth)  # 9.55 at the top is within 10 % of 9
+    # Held through the slack, then released to the climb's first 100 s: 5 replicas.
+    assert planned[1152] == held[1152] and min(planned[t] for t in fifth) == 5
+    # Each level is there a pod start (120 s) before the load reads it.
+    for t in fifth:
+        ahead = max(_running_at(t + s) for s in range(0, 121, 4)) / 10
+        assert planned[t] >= math.ceil(ahead / 1.1), t
+    assert sum(planned[t] for t in fifth) < sum(held[t] for t in fifth)
+    # No thrash: nothing released is bought back within the slack (20 s), though the
+    # climb's need rises every step (each release keeps what a lead and a slack need).
+    times = sorted(planned)
+    downs = [t for a, t in zip(times, times[1:], strict=False) if planned[t] < planned[a]]
+    ups = [t for a, t in zip(times, times[1:], strict=False) if planned[t] > planned[a]]
+    assert downs and all(u - d >= 20 for d in downs for u in ups if u > d)
+    # The rule explains itself: a decision won by the cycle, its look-ahead says why.
+    won = [d for t, d in decisions.items() if t in fifth and d.winner == "cycle"]
+    assert won
+    look = next(s for s in won[0].steps if s.name == "look_ahead")
+    assert "the last cycle needed" in look.detail
+    stabilize = next(s for s in decisions[1160].steps if s.name == "stabilize")
+    assert "the last cycle's need held ahead" in stabilize.detail
+
+
+def test_a_cycle_is_not_planned_before_it_repeated() -> None:
+    # Until drops came a cycle apart twice in a row (the third drop, at 840 s), no cycle
+    # is planned: the down window holds the second drop's count through its cycle.
+    aware = Sim(policy(replicas={"min": 1, "max": 40}, coldStart=SLOW_START,
+                       behavior={**BEHAVIOR, "restartAware": True}), current=1,
+                ready_after=120)
+    decisions = _sawtooth(aware, cycles=3)
+    assert all(d.winner != "cycle" for t, d in decisions if t < 840)
+    assert all(d.desired == 9 for t, d in decisions if 540 <= t < 840)
+    assert aware.state.drop_cycles == 2 and aware.state.last_cycle_demand
+
+
+def test_a_cycle_releases_nothing_it_would_buy_back_within_the_slack() -> None:
+    # A cycle learned (300 s, drops on time: 20 s of slack; pod start 120 s: a lead of
+    # 140 s) whose last cycle read 1 replica until 190 s after its drop and 9 from then.
+    # The drop was at t = -5. At t = 30 the down window (20 s) no longer holds the 9 read
+    # at t = 10, and the cycle's need within the lead (35 to 175 s after the drop) is 1;
+    # but it needs 9 again within the lead and the slack (195 s): released at 30, they
+    # would be started again at 45. So they stay.
+    aware = Sim(policy(replicas={"min": 1, "max": 40}, coldStart=SLOW_START,
+                       behavior={**BEHAVIOR, "restartAware": True}), current=9,
+                ready_after=120)
+    profile = (1.0,) * 19 + (9.0,) * 11
+    aware.state = types.EngineState(
+        last_drop_at=aware.start - 5, drop_cycle_s=300.0, drop_cycles=2, drop_jitter_s=0.0,
+        last_cycle_demand=profile)
+    aware.step(0, snap(running=90.0))
+    aware.step(10, snap(running=90.0))
+    counts = {t: aware.step(t, snap(running=10.0)) for t in range(15, 65, 5)}
+    assert all(c == 9 for c in counts.values()), counts
+    assert aware.last is not None and aware.last.winner == "cycle"
+    stabilize = next(s for s in aware.last.steps if s.name == "stabilize")
+    assert "released after 20 s" in stabilize.detail
+
+
+def test_a_cycle_is_not_planned_over_a_time_it_did_not_read() -> None:
+    # The same cycle, but the last cycle's signals were missing from 180 to 200 s after
+    # its drop: no plan rests on that time, and the down window holds the 9 read at t = 10.
+    aware = Sim(policy(replicas={"min": 1, "max": 40}, coldStart=SLOW_START,
+                       behavior={**BEHAVIOR, "restartAware": True}), current=9,
+                ready_after=120)
+    profile = (1.0,) * 18 + (engine_decide.UNREAD,) * 2 + (1.0,) * 10
+    aware.state = types.EngineState(
+        last_drop_at=aware.start - 5, drop_cycle_s=300.0, drop_cycles=2, drop_jitter_s=0.0,
+        last_cycle_demand=profile)
+    aware.step(0, snap(running=90.0))
+    aware.step(10, snap(running=90.0))
+    decisions = []
+    for t in range(15, 65, 5):
+        aware.step(t, snap(running=10.0))
+        assert aware.last is not None
+        decisions.append(aware.last)
+    assert all(d.desired == 9 and d.winner != "cycle" for d in decisions)

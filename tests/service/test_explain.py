@@ -125,3 +125,20 @@ def test_an_audit_line_from_before_the_learned_hold_was_kept_still_explains() ->
                 "load_samples": 0, "pod_start_s": 104.2, "node_boot_s": None,
                 "return_gap_s": None, "returns": 0, "horizon_scale": 1.0}
     assert explain._learned_line(document) == "Learned: a pod starts in 104 s."
+
+
+def test_a_look_ahead_ended_at_the_next_drop_says_so() -> None:
+    registry = factories.loaded_state(factories.policy())
+    obs = factories.observation(current=4, desired=5)
+    forecast = types.Forecast(time_to_ready_s=105.0, needs_node=False, demand_now=4.2,
+                              slope_per_s=0.02, demand_at_ready=4.5, replicas_at_ready=5,
+                              replicas_at_node_ready=5, drop_in_s=15.0)
+    registry.record("inference/llama-70b", dataclasses.replace(
+        obs, decision=dataclasses.replace(obs.decision, forecast=forecast)))
+    status = registry.status("inference/llama-70b")
+    assert status is not None and status.last is not None
+    document = json.loads(json.dumps(explain.decision_document(status, status.last)))
+    text = explain.describe(document)
+    assert "The load falls away in 15 s, as it has every cycle" in text
+    del document["decision"]["forecast"]["drop_in_s"]  # an older server's document
+    assert "falls away" not in explain.describe(document)
