@@ -1072,9 +1072,10 @@ def cycle_ahead(draft: Draft) -> str:
     The `cycle` opinion is the highest demand the last cycle read from this time after
     its drop to one lead later (time to ready + the slack, `_return_lead_s`; wrapping into
     the next cycle; the slack sized by how far drops came from the cycle, as a return's is
-    by its returns' jitter), and the down window is the slack: a replica goes once the
-    last cycle needed it no more within a lead and a slack (a release bought back within
-    the slack saves nothing), and is started again a lead before its level comes back.
+    by its returns' jitter), and the down window is the slack (at most the policy's): a
+    replica goes once the last cycle needed it no more within a lead and a slack (a
+    release bought back within the slack saves nothing), and is started again a lead
+    before its level comes back.
     No plan where the last cycle has a time without a reading. Example (the hold-out's
     sawtooth, seed 11): climbs of 5 -> 50 req/s over 240 s every 300 s, 105 s pod start,
     drops within a few seconds of the cycle (20 s of slack): the top's 5 replicas are
@@ -1269,8 +1270,10 @@ def restart_hold(draft: Draft) -> tuple[int, str]:
     load climbed back, and the window of that minute missed its SLO.
     """
     if draft.cycle_hold_s is not None:
-        # The cycle's opinion holds what the next restart's time needs.
-        seconds = math.ceil(draft.cycle_hold_s)
+        # The cycle's opinion holds what the next restart's time needs; the policy's
+        # window stays the longest hold.
+        seconds = min(draft.spec.behavior.scale_down.stabilization_seconds,
+                      math.ceil(draft.cycle_hold_s))
         return seconds, f"the last cycle's need held ahead: released after {seconds} s"
     window, learned = learned_hold(draft, draft.spec.behavior.scale_down.stabilization_seconds)
     gap = _pattern(draft.state)

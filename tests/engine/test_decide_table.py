@@ -1603,3 +1603,21 @@ def test_a_cycle_is_not_planned_over_a_time_it_did_not_read() -> None:
         assert aware.last is not None
         decisions.append(aware.last)
     assert all(d.desired == 9 and d.winner != "cycle" for d in decisions)
+
+
+def test_a_cycle_never_holds_longer_than_the_policys_window() -> None:
+    # The policy's down window (10 s) is shorter than the cycle's slack (20 s): it stays
+    # the longest hold, so the fall is released 10 s after the last high reading.
+    behavior = {**BEHAVIOR, "restartAware": True,
+                "scaleDown": {"stabilizationSeconds": 10, "policies": []}}
+    aware = Sim(policy(replicas={"min": 1, "max": 40}, coldStart=SLOW_START,
+                       behavior=behavior), current=9, ready_after=120)
+    aware.state = types.EngineState(
+        last_drop_at=aware.start - 5, drop_cycle_s=300.0, drop_cycles=2, drop_jitter_s=0.0,
+        last_cycle_demand=(1.0,) * 30)
+    aware.step(0, snap(running=90.0))
+    counts = {t: aware.step(t, snap(running=10.0)) for t in range(5, 30, 5)}
+    assert counts[5] == 9 and counts[10] == 1, counts
+    assert aware.last is not None
+    stabilize = next(s for s in aware.last.steps if s.name == "stabilize")
+    assert "released after 10 s" in stabilize.detail
