@@ -1490,7 +1490,7 @@ def test_a_cycle_whose_drop_does_not_come_is_forgotten() -> None:
     sim = Sim(p, current=1, ready_after=60)
     _sawtooth(sim, cycles=4)
     assert sim.state.drop_cycles >= 2
-    # Then the load holds at its top: the drop due at 1140 s does not come.
+    # Then the load holds at its top: the drop due at 1440 s does not come.
     for t in range(1200, 1600, 4):
         sim.step(t, snap(running=100.0))
     assert sim.state.drop_cycles == 0 and sim.state.drop_cycle_s is None
@@ -1514,8 +1514,9 @@ def test_a_cycle_releases_what_it_needs_no_more_within_a_restart() -> None:
     # and 840 s) and the last cycle's demand was recorded (540-840 s), each cycle is
     # planned from the one before: the top is released the slack after the drop (20 s:
     # the drops came within a second of the cycle) to what the last cycle needed within
-    # a restart's time (120 + 20 s: up to 100 s into the climb, 4.75 replicas), and each
-    # level is back one restart before the climb reaches it.
+    # a lead and a slack (140 + 20 s: up to about 115 s into the climb, 5.35 replicas,
+    # which 5 hold within their 10 %), and each level is back one restart before the
+    # climb reaches it.
     hpa = Sim(policy(replicas={"min": 1, "max": 40}, coldStart=SLOW_START), current=1,
               ready_after=120)
     aware = Sim(policy(replicas={"min": 1, "max": 40}, coldStart=SLOW_START,
@@ -1528,7 +1529,7 @@ def test_a_cycle_releases_what_it_needs_no_more_within_a_restart() -> None:
     assert aware.state.drop_jitter_s < 5
     fifth = range(1140, 1440, 4)  # from the fifth drop to the sixth
     assert all(held[t] == 9 for t in fifth)  # 9.55 at the top is within 10 % of 9
-    # Held through the slack, then released to the climb's first 100 s: 5 replicas.
+    # Held through the slack, then released to 5.
     assert planned[1152] == held[1152] and min(planned[t] for t in fifth) == 5
     # Each level is there a pod start (120 s) before the load reads it.
     for t in fifth:
