@@ -1087,20 +1087,21 @@ def cycle_ahead(draft: Draft) -> str:
     if not spec.restart_aware:
         return ""
     draft.state = state = _record_cycle(state, demand=draft.demand_now, now=now)
-    cycle, last, profile = state.drop_cycle_s, state.last_drop_at, state.last_cycle_demand
-    if (state.drop_cycles < RETURN_PATTERN or cycle is None or last is None or not profile
+    cycle, profile = _cycle(state), state.last_cycle_demand
+    if (cycle is None or state.last_drop_at is None or not profile
             or _pattern(state) is not None or draft.times is None):
         return ""
     slack = _slack_s(state.drop_jitter_s)
     lead = _return_lead_s(draft, slack=slack)
-    since = now - last
+    since = now - state.last_drop_at
     # No release of a level the last cycle needed again within a lead and a slack: it
     # would be started again within the slack (as a return a release would not save is
     # held); on a climb, each step's release would be bought back the step after.
     need = _cycle_need(profile, cycle=cycle, since=since, seconds=lead)
-    keep = _cycle_need(profile, cycle=cycle, since=since, seconds=lead + slack)
-    if need is None or keep is None or need <= 0:
+    later = _cycle_need(profile, cycle=cycle, since=since + lead, seconds=slack)
+    if need is None or later is None or need <= 0:
         return ""  # a time the last cycle has no reading of: the window holds
+    keep = max(need, later)
     draft.cycle_hold_s = slack
     draft.cycle_keep = recommend.ceil_replicas(spec.with_headroom(keep) / (1 + spec.tolerance))
     draft.opinions.append(recommend.opinion(
@@ -1129,12 +1130,17 @@ def _cycle_need(profile: tuple[float, ...], *, cycle: float, since: float, secon
     return need
 
 
+def _cycle(state: types.EngineState) -> float | None:
+    """The learned cycle once drops came about that far apart RETURN_PATTERN times in a
+    row (restart-aware only: drops are learned there), as `_pattern` is for returns."""
+    return state.drop_cycle_s if state.drop_cycles >= RETURN_PATTERN else None
+
+
 def _until_drop(state: types.EngineState, *, now: float) -> float | None:
-    """Seconds until the load is expected to fall away again, once drops came a cycle
-    apart RETURN_PATTERN times in a row (restart-aware only: drops are learned there);
-    None without a cycle or once the drop is due."""
-    cycle, last = state.drop_cycle_s, state.last_drop_at
-    if state.drop_cycles < RETURN_PATTERN or cycle is None or last is None:
+    """Seconds until the load is expected to fall away again (`_cycle`); None without a
+    cycle or once the drop is due."""
+    cycle, last = _cycle(state), state.last_drop_at
+    if cycle is None or last is None:
         return None
     due = last + cycle
     return due - now if due > now else None
@@ -1400,11 +1406,9 @@ def _forecast(draft: Draft) -> types.Forecast | None:
     # A load that falls away every cycle climbs no further than its next drop: replicas
     # bought for the trend beyond it would arrive after the need is gone.
     drop_in = _until_drop(draft.state, now=draft.now)
-    horizon = time_to_ready if drop_in is None else min(time_to_ready, drop_in)
-    at_ready = recommend.bounded(trusted.at(horizon))
-    at_node_ready = recommend.bounded(trusted.at(
-        time_to_ready + node_boot if drop_in is None else min(time_to_ready + node_boot,
-                                                              drop_in)))
+    limit = math.inf if drop_in is None else drop_in
+    at_ready = recommend.bounded(trusted.at(min(time_to_ready, limit)))
+    at_node_ready = recommend.bounded(trusted.at(min(time_to_ready + node_boot, limit)))
     return types.Forecast(
         time_to_ready_s=time_to_ready,
         needs_node=needs_node,
