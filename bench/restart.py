@@ -37,13 +37,16 @@ REPO = Path(__file__).resolve().parents[1]
 POLICY = REPO / "config" / "llama-8b.yaml"
 # Label -> (shape, parameters, policy changes): memory-bound mixes, where the served share
 # is learned under saturation; a square wave with restart-aware holding, where the return
-# pattern is learned over two periods; a step, where nothing long-lived is learned.
+# pattern is learned over two periods; a step, where nothing long-lived is learned; the
+# hold-out's sawtooth, whose cycle is learned from three drops.
 LOADS: dict[str, tuple[str, dict[str, float], dict[str, object]]] = {
     "bimodal": ("bimodal", {"duration": 1800.0}, {}),
     "bimodal-12k": ("bimodal", {"rate": 12.0, "long_input": 12000.0, "duration": 1800.0}, {}),
     "square-long": ("square", {"low": 0.0, "high": 30.0, "period": 1200.0, "cycles": 3.0},
                     {"behavior": {"restartAware": True}}),
     "step": ("step", {"at": 300.0, "hold": 900.0, "after": 600.0}, {}),
+    "sawtooth": ("sawtooth", {"low": 5.0, "high": 50.0, "climb": 240.0, "period": 300.0,
+                              "cycles": 6.0}, {"behavior": {"restartAware": True}}),
 }
 MODES = ("none", "forgotten", "resumed", "warm")
 

@@ -387,7 +387,10 @@ class Learned:
     restarted instance sizes a memory-bound mix by a capacity model it had found wrong.
     The last hour's level returns and leaves (`level_returns`, `level_leaves`: epoch
     times) are kept too: without them a restarted instance holds every fall the whole
-    down window until it has seen levels leave twice again.
+    down window until it has seen levels leave twice again. So is a load's cycle (the
+    last drop's epoch time, the cycle, its drops and jitter, and the demand profiles of
+    this cycle and the last): without it a restarted instance holds the down window and
+    extrapolates each climb past its drop until it has seen three drops again.
     Fields as in EngineState: pod_start_s / node_boot_s are `learned_pod_start_s` /
     `learned_node_boot_s`, observed_until is `last_observation_at`.
     """
@@ -405,6 +408,12 @@ class Learned:
     horizon_scale: float = 1.0
     level_returns: tuple[LevelReturn, ...] = ()
     level_leaves: tuple[float, ...] = ()
+    last_drop_at: float | None = None
+    drop_cycle_s: float | None = None
+    drop_cycles: int = 0
+    drop_jitter_s: float | None = None
+    cycle_demand: tuple[float, ...] = ()
+    last_cycle_demand: tuple[float, ...] = ()
 
     @classmethod
     def of(cls, state: EngineState) -> Learned:

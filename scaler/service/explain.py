@@ -71,8 +71,12 @@ def decision_document(
                                 for row in observation.variants]
     if observation.engine is not None:
         learned = engine_types.Learned.of(observation.engine)
+        # A cycle's demand profiles (up to 180 numbers) are the engine's working memory, not
+        # something to read: every audit line would carry them. The opinion they give says
+        # what the last cycle needed (`cycle` in the signals).
         document["learned"] = {
-            **dataclasses.asdict(learned),
+            **{name: value for name, value in dataclasses.asdict(learned).items()
+               if name not in ("cycle_demand", "last_cycle_demand")},
             "resumed_at": None if status.resumed_at is None else timefmt.rfc3339(
                 status.resumed_at)}
     return dict(_json_safe(document))
@@ -104,6 +108,12 @@ def _learned_line(learned: Mapping[str, Any]) -> str | None:
         longest = max((r["after_s"] for r in returns), default=None)
         parts.append(f"levels of the load left {len(leaves)} times"
                      + ("" if longest is None else f" and came back within {longest:.0f} s"))
+    # .get: an audit line written before the cycle was kept has none.
+    cycle, drops = learned.get("drop_cycle_s"), learned.get("drop_cycles")
+    if cycle is not None and drops:
+        jitter = learned.get("drop_jitter_s")
+        parts.append(f"the load fell away every {cycle:.0f} s ({drops} times in a row"
+                     + ("" if jitter is None else f", within {jitter:.0f} s of that") + ")")
     if learned["horizon_scale"] < 0.999:
         parts.append(f"{learned['horizon_scale']:.0%} of the trend is trusted")
     if not parts:

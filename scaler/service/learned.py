@@ -29,13 +29,14 @@ log = logging.getLogger(__name__)
 
 VERSION = 1
 MAX_RECORD_BYTES = 4096
-"""A record is about 300 bytes (1.6 kB with the learned hold's lists full); a longer one
-is not ours."""
+"""A record is about 300 bytes (1.6 kB with the learned hold's lists full, about 3 kB with
+a cycle's two demand profiles full too, 3.7 kB at the largest values each field admits);
+a longer one is not ours."""
 MAX_DATA_BYTES = 900_000
 """The records written, in bytes of keys and values: under the API server's 1 MiB
 (1,048,576 bytes) for a ConfigMap's data, with room for its metadata. About 3,000 models
-of 300 bytes (about 560 whose learned hold keeps all it may, 1.6 kB); past that the
-models least recently learned from are left out (counted, `omitted`)."""
+of 300 bytes (about 300 whose learned hold and cycle keep all they may, 3 kB); past that
+the models least recently learned from are left out (counted, `omitted`)."""
 REFRESH_S = 3600.0
 """Records are rewritten at least this often while unchanged, so a value confirmed by a
 running leader never reads as older than `max_age_s` to the next one."""
@@ -115,6 +116,9 @@ _FIELDS: dict[str, tuple[str, str, float, float]] = {
     "returns": ("returns", "count", 0, MAX_COUNT),
     "returnJitterSeconds": ("return_jitter_s", "optional", 0.0, 7 * DAY_S),
     "horizonScale": ("horizon_scale", "float", 0.0, 1.0),
+    "dropCycleSeconds": ("drop_cycle_s", "optional", 0.0, 7 * DAY_S),
+    "dropCycles": ("drop_cycles", "count", 0, MAX_COUNT),
+    "dropJitterSeconds": ("drop_jitter_s", "optional", 0.0, 7 * DAY_S),
 }
 
 
@@ -124,6 +128,12 @@ _FIELDS: dict[str, tuple[str, str, float, float]] = {
 # both full is about 1.6 kB).
 RETURNS = "levelReturns"
 LEAVES = "levelLeaves"
+# A load's cycle (`decide.cycle_ahead`): lastDropAt the last drop's epoch time; the
+# highest demand of each CYCLE_BIN_S since it (cycleDemand) and since the drop before it
+# (lastCycleDemand), in replicas, -1 (`decide.UNREAD`) where nothing was read, at most
+# decide.CYCLE_MAX_BINS of each (about 1.3 kB both full).
+LAST_DROP = "lastDropAt"
+PROFILES = {"cycleDemand": "cycle_demand", "lastCycleDemand": "last_cycle_demand"}
 
 
 def encode(learned: types.Learned, *, at: float, policy_fingerprint: str) -> str:
@@ -140,6 +150,12 @@ def encode(learned: types.Learned, *, at: float, policy_fingerprint: str) -> str
                              for r in learned.level_returns]
     if learned.level_leaves:
         document[LEAVES] = [round(at, 3) for at in learned.level_leaves]
+    if learned.last_drop_at is not None:
+        document[LAST_DROP] = round(learned.last_drop_at, 3)
+    for name, attribute in PROFILES.items():
+        profile = getattr(learned, attribute)
+        if profile:
+            document[name] = [round(demand, 3) for demand in profile]
     return json.dumps(document, separators=(",", ":"))
 
 
@@ -188,6 +204,32 @@ def _levels(document: Mapping[str, Any], *, now: float) -> dict[str, Any]:
                 raise Refused(MALFORMED, f"{LEAVES}: not oldest first")
             leaves.append(at)
         values["level_leaves"] = tuple(leaves)
+    return values
+
+
+def _cycle(document: Mapping[str, Any], *, now: float) -> dict[str, Any]:
+    """The cycle's last drop and demand profiles, checked as the engine keeps them: a
+    profile's entries are demand in replicas or exactly UNREAD, never more than
+    CYCLE_MAX_BINS of them."""
+    values: dict[str, Any] = {}
+    if LAST_DROP in document:
+        values["last_drop_at"] = _epoch(LAST_DROP, document[LAST_DROP], now=now)
+    for name, attribute in PROFILES.items():
+        if name not in document:
+            continue
+        entries = document[name]
+        if not isinstance(entries, list):
+            raise Refused(MALFORMED, f"{name}: not a list")
+        if len(entries) > decide.CYCLE_MAX_BINS:
+            raise Refused(IMPLAUSIBLE, f"{name}: {len(entries)} entries, more than "
+                          f"{decide.CYCLE_MAX_BINS}")
+        profile = tuple(_number(name, entry) for entry in entries)
+        wrong = next((demand for demand in profile if demand != decide.UNREAD and not
+                      0.0 <= demand <= recommend.MAX_DEMAND_REPLICAS), None)
+        if wrong is not None:
+            raise Refused(IMPLAUSIBLE, f"{name}: {wrong!r} is neither a demand in "
+                          f"[0, {recommend.MAX_DEMAND_REPLICAS:g}] nor {decide.UNREAD:g}")
+        values[attribute] = profile
     return values
 
 
@@ -247,8 +289,9 @@ def _decoded(text: str, *, now: float, policy_fingerprint: str, max_age_s: float
             raise Refused(IMPLAUSIBLE, f"{name}: {number!r} outside [{low:g}, {high:g}]")
         values[attribute] = int(number) if kind == "count" else number
     values.update(_levels(document, now=now))
+    values.update(_cycle(document, now=now))
     unknown = set(document) - {"v", "at", "policy", "observedUntil", RETURNS, LEAVES,
-                               *_FIELDS}
+                               LAST_DROP, *PROFILES, *_FIELDS}
     if unknown:
         raise Refused(MALFORMED, f"unknown fields {sorted(unknown)}")
     return types.Learned(**values), at
@@ -311,7 +354,8 @@ def payload(learned: Mapping[str, types.Learned], policies: Mapping[str, model.S
         if policy is None or values == empty:
             continue
         weight = (values.load_samples + values.served_samples + values.returns
-                  + len(values.level_returns) + len(values.level_leaves))
+                  + len(values.level_returns) + len(values.level_leaves)
+                  + values.drop_cycles)
         records.append((weight, data_key(key), functools.partial(
             encode, values, at=at, policy_fingerprint=fingerprint(policy))))
     for key, text in pending.items():

@@ -33,6 +33,18 @@ BASE: dict[str, Any] = {
 }
 
 
+# A pod start of 120 s: the sawtooth's climb (`sawtooth_running`) reaches half its top 156 s
+# after each drop, within a restart and its slack (120 + 60 s): a dip, no return to plan.
+SLOW_START = {**BASE["spec"]["coldStart"], "imagePullSeconds": 90}
+
+
+def sawtooth_running(t: float, *, period: int = 300) -> float:
+    """Running requests of a sawtooth at `t`: 10 -> 100 over 240 s from each period's
+    start, then 10 until the period ends (10 per replica at the tests' concurrency)."""
+    into = t % period
+    return 10.0 + 90.0 * into / 240 if into < 240 else 10.0
+
+
 def policy(**spec_overrides: Any) -> model.ScalePolicy:
     """BASE with spec keys replaced (shallow: each given key replaces BASE's value)."""
     doc = copy.deepcopy(BASE)

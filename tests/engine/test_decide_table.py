@@ -10,7 +10,16 @@ import pytest
 from scaler.core import histogram as histograms
 from scaler.engine import decide as engine_decide
 from scaler.engine import types
-from tests.engine.helpers import BASE, MONDAY_0600_UTC, Sim, policy, snap, value
+from tests.engine.helpers import (
+    BASE,
+    MONDAY_0600_UTC,
+    SLOW_START,
+    Sim,
+    policy,
+    sawtooth_running,
+    snap,
+    value,
+)
 
 BEHAVIOR = BASE["spec"]["behavior"]
 
@@ -1432,9 +1441,7 @@ def _sawtooth(sim: Sim, *, cycles: int, periods: list[int] | None = None
     for cycle in range(cycles):
         period = (periods or [300])[cycle % len(periods or [300])]
         for t in range(begin, begin + period, 4):
-            into = t - begin
-            running = 10.0 + 90.0 * into / 240 if into < 240 else 10.0
-            sim.step(t, snap(running=running))
+            sim.step(t, snap(running=sawtooth_running(t - begin)))
             assert sim.last is not None
             out.append((t, sim.last))
         begin += period
@@ -1496,15 +1503,6 @@ def test_a_cycle_whose_drop_does_not_come_is_forgotten() -> None:
     assert sim.state.drop_cycles == 0 and sim.state.drop_cycle_s is None
 
 
-def _running_at(t: float, *, period: int = 300) -> float:
-    """The sawtooth of `_sawtooth` (one period for all cycles) at `t`."""
-    into = t % period
-    return 10.0 + 90.0 * into / 240 if into < 240 else 10.0
-
-
-# A pod start of 120 s: the sawtooth's climb reaches half its top 156 s after each drop,
-# within a restart and its slack (120 + 60 s): a dip, no return to plan.
-SLOW_START = {**BASE["spec"]["coldStart"], "imagePullSeconds": 90}
 
 
 def test_a_cycle_releases_what_it_needs_no_more_within_a_restart() -> None:
@@ -1533,7 +1531,7 @@ def test_a_cycle_releases_what_it_needs_no_more_within_a_restart() -> None:
     assert planned[1152] == held[1152] and min(planned[t] for t in fifth) == 5
     # Each level is there a pod start (120 s) before the load reads it.
     for t in fifth:
-        ahead = max(_running_at(t + s) for s in range(0, 121, 4)) / 10
+        ahead = max(sawtooth_running(t + s) for s in range(0, 121, 4)) / 10
         assert planned[t] >= math.ceil(ahead / 1.1), t
     assert sum(planned[t] for t in fifth) < sum(held[t] for t in fifth)
     # No thrash: nothing released is bought back within the slack (20 s), though the

@@ -101,21 +101,25 @@ def test_what_the_engine_learned_is_said_only_once_it_has_learned_it() -> None:
                                 return_jitter_s=12.4,
                                 horizon_scale=0.5, level_leaves=(factories.NOW - 900,
                                                                  factories.NOW - 300),
-                                level_returns=(types.LevelReturn(factories.NOW - 700, 95.4),))
+                                level_returns=(types.LevelReturn(factories.NOW - 700, 95.4),),
+                                last_drop_at=factories.NOW - 40, drop_cycle_s=301.4,
+                                drop_cycles=5, drop_jitter_s=3.6, last_cycle_demand=(1.0, 2.5))
     registry.record("inference/llama-70b", dataclasses.replace(obs, engine=learned))
     registry.record_resumed("inference/llama-70b", factories.NOW - 600)
     status = registry.status("inference/llama-70b")
     assert status is not None and status.last is not None
     document = json.loads(json.dumps(explain.decision_document(status, status.last)))
     assert document["learned"]["served_share"] == 0.868
+    assert document["learned"]["drop_cycle_s"] == 301.4
+    assert "last_cycle_demand" not in document["learned"]  # working memory, not for reading
     line = next(x for x in explain.describe(document).splitlines() if x.startswith("Learned"))
     assert line == (
         "Learned (resumed from a record written 2025-11-29T09:43:20Z): saturated replicas "
         "serve 87% of the tokens/s capacity model (41 samples); one request/s is 0.0913 "
         "replicas (310 samples); a pod starts in 104 s; load came back 402 s after a drop "
         "(3 times in a row, within 12 s of that); levels of the load left 2 times and came "
-        "back within 95 s; "
-        "50% of the trend is trusted.")
+        "back within 95 s; the load fell away every 301 s (5 times in a row, within 4 s "
+        "of that); 50% of the trend is trusted.")
 
 
 def test_an_audit_line_from_before_the_learned_hold_was_kept_still_explains() -> None:

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scaler.engine import types
+from scaler.engine import decide, recommend, types
 from scaler.service import learned
-from tests.engine.helpers import BASE, Sim, policy, snap, value
+from tests.engine.helpers import BASE, SLOW_START, Sim, policy, sawtooth_running, snap, value
 
 TOKENS_AND_QUEUE = {"queueDepth": {"targetWaitingPerReplica": 8},
                     "tokensPerSecond": {"capacityPerReplica": 6000,
@@ -29,7 +29,10 @@ LEARNED = types.Learned(pod_start_s=104.2, node_boot_s=290.0, observed_until=NOW
                         returns=3, return_jitter_s=12.5, horizon_scale=0.5,
                         level_returns=(types.LevelReturn(at=NOW - 1500, after_s=180.5),
                                        types.LevelReturn(at=NOW - 400, after_s=42.0)),
-                        level_leaves=(NOW - 2000, NOW - 1200, NOW - 300))
+                        level_leaves=(NOW - 2000, NOW - 1200, NOW - 300),
+                        last_drop_at=NOW - 100, drop_cycle_s=301.5, drop_cycles=4,
+                        drop_jitter_s=2.5, cycle_demand=(1.0, 2.25, decide.UNREAD),
+                        last_cycle_demand=(1.0, 2.5, 4.75, 6.0, 1.125))
 
 
 def _decode(text: str, *, now: float = NOW, max_age_s: float = DAY) -> types.Learned:
@@ -46,7 +49,7 @@ def _record(**fields: Any) -> str:
 
 def test_a_record_round_trips_and_starts_an_engine_state_from_it() -> None:
     text = learned.encode(LEARNED, at=NOW - 60, policy_fingerprint=learned.fingerprint(POLICY))
-    assert len(text) < 500
+    assert len(text) < 700
     assert _decode(text) == LEARNED
     # Two returns the engine kept apart may round to the same length: both are kept.
     assert len(_decode(_record(levelReturns=[[NOW - 60, 90.0], [NOW - 30, 90.0]]))
@@ -59,7 +62,7 @@ def test_a_record_round_trips_and_starts_an_engine_state_from_it() -> None:
     # Nothing learned yet: the record holds only what every record holds.
     empty = json.loads(learned.encode(types.Learned(), at=NOW, policy_fingerprint="f"))
     assert set(empty) == {"v", "at", "policy", "loadSamples", "servedShare", "servedSamples",
-                          "returns", "horizonScale"}
+                          "returns", "horizonScale", "dropCycles"}
     assert learned.decode(json.dumps(empty), now=NOW, policy_fingerprint="f",
                           max_age_s=DAY) == types.Learned()
 
@@ -143,6 +146,17 @@ def test_the_fingerprint_follows_the_capacity_model_not_the_bounds() -> None:
     (_record(levelLeaves=[NOW - 10, NOW - 20]), learned.MALFORMED, "levelLeaves"),
     (_record(levelLeaves=["yesterday"]), learned.MALFORMED, "levelLeaves"),
     (_record(levelLeaves=[float("inf")]), learned.IMPLAUSIBLE, "levelLeaves"),
+    (_record(lastDropAt=NOW + DAY), learned.IMPLAUSIBLE, "lastDropAt"),
+    (_record(lastDropAt="yesterday"), learned.MALFORMED, "lastDropAt"),
+    (_record(dropCycleSeconds=-300), learned.IMPLAUSIBLE, "dropCycleSeconds"),
+    (_record(dropCycles=-1), learned.IMPLAUSIBLE, "dropCycles"),
+    (_record(cycleDemand={"0": 1.0}), learned.MALFORMED, "cycleDemand: not a list"),
+    (_record(lastCycleDemand=[1.0] * 91), learned.IMPLAUSIBLE,
+     "lastCycleDemand: 91 entries"),
+    (_record(cycleDemand=[1.0, -0.5]), learned.IMPLAUSIBLE, "cycleDemand: -0.5"),
+    (_record(lastCycleDemand=[1e300]), learned.IMPLAUSIBLE, "lastCycleDemand"),
+    (_record(cycleDemand=[float("nan")]), learned.IMPLAUSIBLE, "cycleDemand"),
+    (_record(cycleDemand=["x"]), learned.MALFORMED, "cycleDemand"),
     (_record(padding="x" * 5000), learned.MALFORMED, "bytes"),
 ])
 def test_a_bad_record_is_refused_whole_naming_the_field(text: str, reason: str,
@@ -164,7 +178,8 @@ _NUMBERS = (st.floats(allow_nan=True, allow_infinity=True) | st.integers(-10**40
 
 @settings(max_examples=300, deadline=None)
 @given(fields=st.dictionaries(st.sampled_from([*learned._FIELDS, "observedUntil", "at",
-                                               learned.RETURNS, learned.LEAVES]),
+                                               learned.RETURNS, learned.LEAVES,
+                                               learned.LAST_DROP, *learned.PROFILES]),
                               _NUMBERS | _ANY_JSON | st.lists(
                                   _NUMBERS | st.lists(_NUMBERS, max_size=3), max_size=4),
                               max_size=6))
@@ -184,6 +199,28 @@ def test_whatever_a_record_holds_it_is_refused_or_decided_on_within_bounds(
     for t in range(0, 20, 2):
         desired = sim.step(t, _calm() if t < 10 else _saturated(), ready=4)
         assert 1 <= desired <= 40
+
+
+def test_the_fullest_record_the_engine_can_write_is_read_back() -> None:
+    # Every list as long as the engine keeps it and every value as long as its bounds let
+    # it be written: a record the leader writes is never refused as too long.
+    day, week = learned.DAY_S - 0.001, 7 * learned.DAY_S - 0.001
+    fullest = types.Learned(
+        pod_start_s=day, node_boot_s=day, observed_until=NOW - 0.001,
+        replicas_per_request_rate=recommend.MAX_DEMAND_REPLICAS - 0.001,
+        load_samples=learned.MAX_COUNT, served_share=1.999, served_samples=learned.MAX_COUNT,
+        return_gap_s=week, returns=learned.MAX_COUNT, return_jitter_s=week,
+        horizon_scale=0.999,
+        level_returns=tuple(types.LevelReturn(at=NOW - 3599.999, after_s=86_399.999)
+                            for _ in range(decide.HOLD_SAMPLES)),
+        level_leaves=(NOW - 3599.999,) * decide.HOLD_SAMPLES,
+        last_drop_at=NOW - 899.999, drop_cycle_s=week, drop_cycles=learned.MAX_COUNT,
+        drop_jitter_s=week,
+        cycle_demand=(recommend.MAX_DEMAND_REPLICAS - 0.001,) * decide.CYCLE_MAX_BINS,
+        last_cycle_demand=(recommend.MAX_DEMAND_REPLICAS - 0.001,) * decide.CYCLE_MAX_BINS)
+    text = learned.encode(fullest, at=NOW, policy_fingerprint=learned.fingerprint(POLICY))
+    assert len(text) <= learned.MAX_RECORD_BYTES
+    assert _decode(text) == fullest
 
 
 def test_resume_takes_each_record_once_and_counts_what_it_refuses() -> None:
@@ -267,3 +304,39 @@ def test_a_restarted_instance_holds_a_fall_as_long_as_the_one_before_had_learned
     assert counts[55] == (5, 5) and counts[60] == (2, 5)
     assert counts[295] == (2, 5) and counts[300] == (2, 2)
     assert "levels left 2 times and none came back later than 40 s: held 60 s" in said[55]
+
+
+def test_a_restarted_instance_plans_the_cycle_the_one_before_had_learned() -> None:
+    # Restart-aware, pod start 120 s, the sawtooth of 10 -> 100 running every 300 s (1 to
+    # 10 replicas). The first instance saw its drops come a cycle apart and planned each
+    # cycle from the one before; it writes its record at 1,500 s, as the sixth climb
+    # begins, and stops.
+    aware = policy(replicas={"min": 1, "max": 40}, coldStart=SLOW_START,
+                   behavior={**BASE["spec"]["behavior"], "restartAware": True})
+    first = Sim(aware, current=1, ready_after=120)
+    for t in range(0, 1500, 4):
+        first.step(t, snap(running=sawtooth_running(t)))
+    at = first.start + 1500
+    record = learned.encode(types.Learned.of(first.state), at=at,
+                            policy_fingerprint=learned.fingerprint(aware))
+    kept = learned.decode(record, now=at, policy_fingerprint=learned.fingerprint(aware),
+                          max_age_s=DAY)
+    assert kept.drop_cycles >= 2 and kept.last_cycle_demand
+    # The next instance starts from the record, another from nothing; and, for reference,
+    # the first as if it had not stopped. Two more cycles.
+    resumed = Sim(aware, current=first.current, ready_after=120, start=first.start,
+                  state=kept.state())
+    fresh = Sim(aware, current=first.current, ready_after=120, start=first.start)
+    went_on = dataclasses.replace(first, starts=list(first.starts))
+    counts: dict[str, list[int]] = {"resumed": [], "fresh": [], "went_on": []}
+    for t in range(1500, 2100, 4):
+        for name, sim in (("resumed", resumed), ("fresh", fresh), ("went_on", went_on)):
+            counts[name].append(sim.step(t, snap(running=sawtooth_running(t))))
+    # Resumed, the cycle is planned as though no restart had happened.
+    assert counts["resumed"] == counts["went_on"]
+    assert resumed.last is not None and resumed.last.winner == "cycle"
+    # From nothing, the top's 9 replicas are held through the next cycle by the window
+    # (it has seen no drop yet); resumed, the slack after each drop releases them to 5.
+    after_drop = [i for i, t in enumerate(range(1500, 2100, 4)) if 1764 <= t < 1800]
+    assert all(counts["fresh"][i] == 9 for i in after_drop)
+    assert min(counts["resumed"][i] for i in after_drop) == 5

@@ -176,3 +176,29 @@ def test_a_model_that_ran_before_resumes_its_learned_hold_in_the_hour_before() -
     times = [*learned.level_leaves, *(r.at for r in learned.level_returns)]
     assert len(learned.level_leaves) >= 2
     assert all(next_start - trace.duration_s - 60 <= at <= next_start for at in times)
+
+
+def test_a_model_that_ran_before_goes_on_with_its_cycle_only_once_it_is_one() -> None:
+    # 50 req/s for 2 minutes and 5 for 80 s, five times: the drops come 200 s apart, a
+    # cycle, whose phase goes on into the next run (the last drop is moved with the
+    # rest, within a cycle before the next start). Drops 200 and 320 s apart are no
+    # cycle: an interval measured across the glue between two runs would be made up, so
+    # the next run finds the phase at its first drop.
+    policy = policy_model.ScalePolicy.model_validate(
+        yaml.safe_load((REPO / "config" / "llama-8b.yaml").read_text()))
+    profile = profiles.load_profile(policy.spec.profile or "llama-3.1-8b-h100")
+    cycles = step_trace(segments=[(120.0, 50.0), (80.0, 5.0)] * 5, input_tokens=600,
+                        output_tokens=200)
+    next_start = cycles.start_s + 86_400.0
+    learned = run.learned_on(cycles, policy=policy, profile=profile, next_start_s=next_start)
+    assert learned.drop_cycles >= 2 and learned.drop_cycle_s == pytest.approx(200, abs=10)
+    assert learned.last_drop_at is not None
+    assert next_start - learned.drop_cycle_s <= learned.last_drop_at <= next_start
+    assert learned.last_cycle_demand
+    irregular = step_trace(segments=[(120.0, 50.0), (80.0, 5.0), (120.0, 50.0),
+                                     (200.0, 5.0), (120.0, 50.0), (80.0, 5.0)],
+                           input_tokens=600, output_tokens=200)
+    learned = run.learned_on(irregular, policy=policy, profile=profile,
+                             next_start_s=irregular.start_s + 86_400.0)
+    assert learned.drop_cycles == 1 and learned.drop_cycle_s is not None
+    assert learned.last_drop_at is None and learned.cycle_demand == ()
