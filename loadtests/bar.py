@@ -18,7 +18,8 @@ replay's figures decide:
    closing line also counts the reactive baselines alone.
 3. **Windows**: the windows the scaler misses are those within one cold start of a rise
    of the load (the replay's `rise_windows`: a reactive scaler has no new replica ready
-   there), or at most 1 % of the others. A window the oracle misses too is no
+   there; a pod start, after a node boot when the rise needs a node), or at most 1 % of
+   the others. A window the oracle misses too is no
    provisioning's to meet (a node boot longer than the rise, say) and is left out when the
    oracle ran. With headroom set (`--strategy scaler+1`, a `--headroom` variant of the
    suite) the rises are not excused: the issue asks for none missed there.

@@ -374,25 +374,48 @@ def missed_windows(series: dict[str, list[float]], threshold_s: float) -> list[i
 
 def rise_windows(item: Item, trace: traces.Trace, profile: profiles.ReplicaProfile
                  ) -> set[int]:
-    """Windows that start within one pod start after a rise of the load: a scaler that
+    """Windows that start within one cold start after a rise of the load: a scaler that
     only reacts has not got the new replicas ready there, whatever it does, unless it
     held headroom (or predicted the rise).
 
+    A cold start is a pod start, after a node boot when the rise needs a node (DESIGN: the
+    chain begins with a node boot when no node has a free GPU): when the load after it,
+    in replicas at saturation (`report.load_replicas`, no strategy meets a window with
+    fewer), is more than fit on the nodes the highest load of the pod start before it
+    needed. Example (the hold-out's step-big, 8 replicas a node, pod start 105 s, node
+    boot 300 s): 5 -> 120 req/s at 300 s is 1 -> 9 replicas, a second node, so the
+    windows starting before 300 + 405 s; a step to 60 req/s (5 replicas) fits the node
+    there, so those starting before 405 s.
     For scenarios the rises are the shape's own (step, square, flash, stairs); for real
     traces a rise is a window whose load in replicas is 1.25x above the highest of the
     pod start before it (noise on a flat load stays below that).
     """
     window = run.SLO_WINDOW_S
     pod_start = profile.cold_start.pod_start_seconds
-    if item.source == "scenario":
-        return {int(t // window) + k for t in item.rises
-                for k in range(int(math.ceil(pod_start / window)) + 1)
-                if (int(t // window) + k) * window < t + pod_start}
+    with_node = pod_start + profile.cold_start.node_boot_seconds
+    per_node = max(1, profile.node.gpus_per_node // profile.gpus_per_replica)
     load = report.load_replicas(trace, profile)
     span = int(math.ceil(pod_start / window))
+
+    def cold_start(rise: int) -> float:
+        """The cold start of a rise in window `rise`."""
+        before = float(load[max(0, rise - span):rise].max()) if 0 < rise <= load.size else 0.0
+        after = load[rise:rise + int(math.ceil(with_node / window)) + 1]
+        nodes = max(1, math.ceil(before / per_node))
+        return with_node if after.size and float(after.max()) > nodes * per_node else pod_start
+
+    if item.source == "scenario":
+        windows: set[int] = set()
+        for t in item.rises:
+            first = int(t // window)
+            cold = cold_start(first)
+            windows |= {first + k for k in range(int(math.ceil(cold / window)) + 1)
+                        if (first + k) * window < t + cold}
+        return windows
     rises = [w for w in range(span, load.size)
              if load[w] > 1.25 * max(float(load[w - span:w].max()), 1.0)]
-    return {w + k for w in rises for k in range(span)} & set(range(load.size))
+    return {w + k for w in rises for k in range(int(math.ceil(cold_start(w) / window)))
+            } & set(range(load.size))
 
 
 def over_seeds(runs: dict[str, dict[str, Any]], names: Sequence[str]

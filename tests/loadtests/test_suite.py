@@ -249,6 +249,27 @@ def test_a_climbs_rise_windows_reach_one_pod_start_past_its_end(tmp_path: Path) 
     assert windows(square) == {0, 1, 10, 11, 20, 21}
 
 
+def test_a_rise_past_a_node_has_a_node_boot_in_its_cold_start(tmp_path: Path) -> None:
+    # A step past the node the load before it needed (5 -> 120 req/s: 1 -> 9 replicas at
+    # saturation, 8 a node): its cold start is a node boot (300 s) and a pod start (105
+    # s), so the windows starting before 300 + 405 s. One that fits the node (5 -> 60
+    # req/s, 5 replicas) is a pod start's.
+    profile = profiles.load_profile("llama-3.1-8b-h100")
+    assert profile.node.gpus_per_node == 8 and profile.cold_start.node_boot_seconds == 300.0
+
+    def windows(high: float) -> set[int]:
+        shape = scenarios.scenario("step", low=5.0, high=high, at=300.0, hold=600.0,
+                                   after=300.0)
+        path = tmp_path / f"step-{high:g}.csv"
+        shape.write(path, seed=1)
+        item = suite.Item(shape.name, shape.description, path, "scenario",
+                          rises=shape.replay_rises())
+        return suite.rise_windows(item, item.load(), profile)
+
+    assert windows(120.0) == set(range(5, 12))
+    assert windows(60.0) == {5, 6}
+
+
 def test_jobs_keep_the_oracle_plan_sharers_together() -> None:
     assert suite.jobs_for(["scaler", "oracle", "hpa", "static-peak"]) == [
         ("scaler",), ("hpa",), ("oracle", "static-peak")]
