@@ -137,15 +137,18 @@ def load_inputs(args: argparse.Namespace) -> Inputs:
 
 
 async def drive(spec: dict[str, Any]) -> dict[str, Any]:
-    """Send the warm-up (the slice's first `warmup_s`, as the simulator replays it before
-    t=0) and then, from t=0, the slice; score the slice alone. Returns the live summary,
-    details and series, t=0 as an epoch, and the tokens of completed requests."""
+    """Send the warm-up (the slice's first `warmup_s` at their times played backwards,
+    `traces.warmup`, as the simulator sends it before t=0) and then, from t=0, the
+    slice; score the slice alone. Returns the live summary, details and series, t=0 as
+    an epoch, and the tokens of completed requests."""
     data = np.load(spec["requests"])
     arrival, inputs, outputs = data["arrival_s"], data["input_tokens"], data["output_tokens"]
     requests = [loadtest.Request(float(t), int(i), int(o))
                 for t, i, o in zip(arrival, inputs, outputs, strict=True)]
     warmup_s = float(spec["warmup_s"])
-    warm = [r for r in requests if r.at_s < warmup_s]
+    sent, repeats = traces.warmup(arrival, warmup_s)
+    warm = [loadtest.Request(float(t), int(inputs[i]), int(outputs[i]))
+            for t, i in zip(sent, repeats, strict=True)]
     target = loadtest.Target(url=spec["url"], model=spec["model"], timeout_s=REQUEST_TIMEOUT_S)
 
     async def measured() -> tuple[float, loadtest.LiveRun]:

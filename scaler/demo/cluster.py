@@ -60,8 +60,9 @@ class SimulatedModel:
 
     Time is the trace's: 0 is the first request, `epoch(t)` the matching epoch seconds
     (Azure's clock, so warm-floor schedules see the trace's hour). The trace's first
-    `warmup_s` are replayed before t=0 on the initial replicas, as `scaler simulate`
-    does, so the service meets a cluster in steady state rather than an empty one.
+    `warmup_s` are sent before t=0 on the initial replicas (at their times played
+    backwards), as `scaler simulate` does (`traces.warmup`), so the service meets a
+    cluster in steady state rather than an empty one.
     """
 
     def __init__(
@@ -81,8 +82,7 @@ class SimulatedModel:
         self.subject = subject
         self.initial_replicas = initial_replicas
         self.pool = run.pool_for(policy, profile)
-        # The warm-up replays the slice's own first seconds: a 60 s slice warmed up for
-        # 120 s would end the warm-up with 60 s of silence (an empty cluster at t=0).
+        # No longer than the slice (a 60 s slice: 60 s of warm-up).
         self.warmup_s = min(warmup_s, trace.duration_s)
         self.cluster = sim_cluster.SimCluster(
             trace=trace, profile=profile, pool=self.pool, initial_replicas=initial_replicas,

@@ -158,16 +158,18 @@ class SimCluster:
         self.dt = dt
         self.gpus_per_replica = gpus_per_replica or profile.gpus_per_replica
         self.pod_start_s = profile.cold_start.pod_start_seconds
-        # Warm-up: the trace's first `warmup_s` seconds are replayed once before t=0, so
-        # at t=0 the replicas are busy as in steady state instead of empty (an empty start
-        # looks like a ramp from zero to anything that fits a trend). Requests with index
-        # < `first` are warm-up traffic: served, never scored; time starts at t0 < 0.
-        warm = int(np.searchsorted(trace.arrival_s, warmup_s, side="left")) if warmup_s else 0
-        self.first = warm
+        # Warm-up (`traces.warmup`): the requests of the trace's first `warmup_s` seconds,
+        # at those seconds' times played backwards before t=0, so at t=0 the replicas are
+        # busy as in the load's first seconds instead of empty (an empty start looks like
+        # a ramp from zero to anything that fits a trend). Requests with index < `first`
+        # are warm-up traffic: served, never scored; time starts at t0 < 0.
+        sent, repeats = traces.warmup(trace.arrival_s, warmup_s) if warmup_s else (
+            np.zeros(0), np.zeros(0, dtype=np.int64))
+        self.first = warm = int(sent.size)
         self.t0 = -float(warmup_s) if warm else 0.0
-        self.arrival = np.concatenate((trace.arrival_s[:warm] + self.t0, trace.arrival_s))
-        inputs = np.concatenate((trace.input_tokens[:warm], trace.input_tokens))
-        outputs = np.concatenate((trace.output_tokens[:warm], trace.output_tokens))
+        self.arrival = np.concatenate((sent + self.t0, trace.arrival_s))
+        inputs = np.concatenate((trace.input_tokens[repeats], trace.input_tokens))
+        outputs = np.concatenate((trace.output_tokens[repeats], trace.output_tokens))
         n = self.arrival.size
         self.input_tokens = np.maximum(inputs, 1).astype(np.float64)
         self.output_tokens = np.maximum(outputs, 1).astype(np.float64)

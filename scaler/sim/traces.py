@@ -85,6 +85,34 @@ class Trace:
         return np.bincount(bins).astype(np.int64)
 
 
+def warmup(arrival_s: FloatArray, seconds: float) -> tuple[FloatArray, IntArray]:
+    """The traffic sent before t=0 so that the replicas are busy at t=0 as they would be
+    in the load's first seconds, not empty: the trace's requests of its first `seconds`,
+    in their order, at its first `seconds`' arrival times played backwards (a request
+    arrived `a` s in means one is sent `a` s before t=0), so the rate runs into t=0 as it
+    runs out of it. Returns (send times in [0, seconds), counted from the warm-up's start,
+    and the index of the trace's request each one repeats), in time order. The request
+    at 0 is the trace's own at t=0 and is not sent twice.
+
+    Until the twenty-sixth session the first `seconds` were replayed forwards, so the
+    warm-up ended where the trace is at `seconds`:
+    - a load that climbs from its start then fell at t=0, a fall no load had (the
+      hold-out's steep ramp: 11 req/s at the warm-up's end, 2 at t=0; the look-ahead read
+      the run's first 20 s as demand falling from 1.1 replicas to 0.24, and its first
+      trend bought a replica only 82 s in);
+    - and every strategy started from the state that load two minutes on leaves: a burst
+      at 100 s of Azure code (x16, seed 3) was on the replicas at t=0, so its second
+      minute's burst met replicas already bought for it.
+    Tried too: the requests themselves played backwards put each of the first seconds'
+    requests twice within seconds of t=0 (a 16k-token prompt at 5 s and its copy at -5
+    s; the suite's long-context load lost early windows on two seeds), and the first 30 s
+    repeated four times kept the rate but sampled a long-prompt mix from a handful of
+    requests (the same windows lost).
+    """
+    sent = np.flatnonzero((arrival_s > 0.0) & (arrival_s < seconds))
+    return np.sort(seconds - arrival_s[sent]), sent.astype(np.int64)
+
+
 def _int_field(value: str, *, path: str | Path, line: int, column: str) -> int:
     try:
         number = int(value)

@@ -270,6 +270,20 @@ def test_a_rise_past_a_node_has_a_node_boot_in_its_cold_start(tmp_path: Path) ->
     assert windows(60.0) == {5, 6}
 
 
+def test_a_shared_traces_rise_in_its_first_minutes_is_read_against_the_warm_up(
+        tmp_path: Path) -> None:
+    # A trace without a shape: 5 req/s for a minute, then 40 for four. The warm-up before
+    # t=0 is its first minutes at their times played backwards, so the pod start before
+    # the second minute carried 5 req/s too: that minute is a rise, and its pod start
+    # (105 s) covers it and the next. Without the warm-up for history a trace's first
+    # two minutes could never be a rise.
+    profile = profiles.load_profile("llama-3.1-8b-h100")
+    scenarios.scenario("step", low=5.0, high=40.0, at=60.0, hold=240.0, after=0.0).write(
+        tmp_path / "t.csv", seed=2)
+    item = suite.Item("t", "a trace", tmp_path / "t.csv", "shared")
+    assert suite.rise_windows(item, item.load(), profile) == {1, 2}
+
+
 def test_jobs_keep_the_oracle_plan_sharers_together() -> None:
     assert suite.jobs_for(["scaler", "oracle", "hpa", "static-peak"]) == [
         ("scaler",), ("hpa",), ("oracle", "static-peak")]

@@ -175,12 +175,13 @@ def test_kv_cache_bounds_the_batch(profile_8b: profiles.ReplicaProfile) -> None:
 def test_warm_up_traffic_is_served_but_neither_scored_nor_billed(
     profile_8b: profiles.ReplicaProfile,
 ) -> None:
-    # 120 s of warm-up replay the trace's first 120 s before t=0: at t=0 the replicas
-    # are as busy as in steady state; requests before 0 are extra, GPU-hours start at 0.
+    # 120 s of warm-up send the trace's requests of its first 120 s before t=0 (its
+    # request at 0 once, at t=0): at t=0 the replicas are as busy as in steady state;
+    # requests before 0 are extra, GPU-hours start at 0.
     trace = synthetic_trace(rate=10.0, duration_s=300, input_tokens=1000, output_tokens=200)
     sim = sim_cluster.SimCluster(trace=trace, profile=profile_8b, pool=_pool(profile_8b),
                                  initial_replicas=2, warmup_s=120.0)
-    warm = int(np.count_nonzero(trace.arrival_s < 120.0))
+    warm = int(np.count_nonzero((trace.arrival_s > 0.0) & (trace.arrival_s < 120.0)))
     assert sim.first == warm and sim.t0 == -120.0
     for step in range(sim.steps):
         now = sim.time_of_step(step)
@@ -192,3 +193,28 @@ def test_warm_up_traffic_is_served_but_neither_scored_nor_billed(
     i0 = sim.index(0.0)
     assert int(sim.history.running[i0]) > 0               # busy at t=0, not empty
     assert sim.gpu_seconds(until=300.0) == pytest.approx(2 * 300.0)
+
+
+def test_the_warm_up_keeps_the_load_flat_into_t0_at_the_level_it_starts_at(
+    profile_8b: profiles.ReplicaProfile,
+) -> None:
+    # A climb from 2 to 20 req/s over its first 4 minutes. Replayed forwards, its first
+    # 120 s would end the warm-up at about 11 req/s and fall back to 2 at t=0, a fall the
+    # load never had. At those seconds' times played backwards, each span before t=0
+    # carries as many requests as the same span after it: the rate runs into t=0 as it
+    # runs out of it. The requests are sent in their order, so the last before t=0 are
+    # those of about 120 s, not the first ones again.
+    trace = step_trace(segments=[(30.0, 2.0 + 18.0 * k / 8) for k in range(8)],
+                       input_tokens=600, output_tokens=200, seed=3)
+    sent, repeats = traces.warmup(trace.arrival_s, 120.0)
+    assert np.all(np.diff(sent) >= 0) and 0.0 < sent.min() and sent.max() < 120.0
+    opening = trace.arrival_s[(trace.arrival_s > 0.0) & (trace.arrival_s < 120.0)]
+    assert np.allclose(sent, np.sort(120.0 - opening))
+    assert np.array_equal(repeats, np.arange(1, opening.size + 1))
+    sim = sim_cluster.SimCluster(trace=trace, profile=profile_8b, pool=_pool(profile_8b),
+                                 initial_replicas=2, warmup_s=120.0)
+    assert np.allclose(np.sort(-sim.arrival[:sim.first]), opening)
+    assert (np.count_nonzero((sim.arrival > -30.0) & (sim.arrival <= 0.0))
+            < np.count_nonzero((sim.arrival > -120.0) & (sim.arrival <= -90.0)))
+    # No warm-up, nothing sent.
+    assert traces.warmup(trace.arrival_s, 0.0)[0].size == 0
