@@ -10,6 +10,7 @@ from typing import Any
 from scaler.actuators import base as actuators
 from scaler.actuators import timefmt
 from scaler.engine import cost as engine_cost
+from scaler.engine import decide as engine_decide
 from scaler.engine import types as engine_types
 from scaler.service import conditions
 from scaler.service import history as decision_history
@@ -108,9 +109,10 @@ def _learned_line(learned: Mapping[str, Any]) -> str | None:
         longest = max((r["after_s"] for r in returns), default=None)
         parts.append(f"levels of the load left {len(leaves)} times"
                      + ("" if longest is None else f" and came back within {longest:.0f} s"))
-    # .get: an audit line written before the cycle was kept has none.
-    cycle, drops = learned.get("drop_cycle_s"), learned.get("drop_cycles")
-    if cycle is not None and drops:
+    # .get: an audit line written before the cycle was kept has none. One interval is no
+    # cycle yet (`decide._cycle`): said once drops came that far apart twice in a row.
+    cycle, drops = learned.get("drop_cycle_s"), learned.get("drop_cycles") or 0
+    if cycle is not None and drops >= engine_decide.RETURN_PATTERN:
         jitter = learned.get("drop_jitter_s")
         parts.append(f"the load fell away every {cycle:.0f} s ({drops} times in a row"
                      + ("" if jitter is None else f", within {jitter:.0f} s of that") + ")")

@@ -207,7 +207,7 @@ def _levels(document: Mapping[str, Any], *, now: float) -> dict[str, Any]:
     return values
 
 
-def _cycle(document: Mapping[str, Any], *, now: float) -> dict[str, Any]:
+def _cycle_fields(document: Mapping[str, Any], *, now: float) -> dict[str, Any]:
     """The cycle's last drop and demand profiles, checked as the engine keeps them: a
     profile's entries are demand in replicas or exactly UNREAD, never more than
     CYCLE_MAX_BINS of them."""
@@ -289,7 +289,7 @@ def _decoded(text: str, *, now: float, policy_fingerprint: str, max_age_s: float
             raise Refused(IMPLAUSIBLE, f"{name}: {number!r} outside [{low:g}, {high:g}]")
         values[attribute] = int(number) if kind == "count" else number
     values.update(_levels(document, now=now))
-    values.update(_cycle(document, now=now))
+    values.update(_cycle_fields(document, now=now))
     unknown = set(document) - {"v", "at", "policy", "observedUntil", RETURNS, LEAVES,
                                LAST_DROP, *PROFILES, *_FIELDS}
     if unknown:

@@ -163,8 +163,7 @@ class SimCluster:
         # busy as in the load's first seconds instead of empty (an empty start looks like
         # a ramp from zero to anything that fits a trend). Requests with index < `first`
         # are warm-up traffic: served, never scored; time starts at t0 < 0.
-        sent, repeats = traces.warmup(trace.arrival_s, warmup_s) if warmup_s else (
-            np.zeros(0), np.zeros(0, dtype=np.int64))
+        sent, repeats = traces.warmup(trace.arrival_s, warmup_s)
         self.first = warm = int(sent.size)
         self.t0 = -float(warmup_s) if warm else 0.0
         self.arrival = np.concatenate((sent + self.t0, trace.arrival_s))

@@ -100,14 +100,14 @@ def warmup(arrival_s: FloatArray, seconds: float) -> tuple[FloatArray, IntArray]
       hold-out's steep ramp: 11 req/s at the warm-up's end, 2 at t=0; the look-ahead read
       the run's first 20 s as demand falling from 1.1 replicas to 0.24, and its first
       trend bought a replica only 82 s in);
-    - and every strategy started from the state that load two minutes on leaves: a burst
-      at 100 s of Azure code (x16, seed 3) was on the replicas at t=0, so its second
-      minute's burst met replicas already bought for it.
+    - and every strategy started from the state that load two minutes on leaves: Azure
+      code's burst at 100-120 s (x16, seed 3) was on the replicas at t=0, so when it came
+      the replicas bought for it were there.
     Tried too: the requests themselves played backwards put each of the first seconds'
-    requests twice within seconds of t=0 (a 16k-token prompt at 5 s and its copy at -5
-    s; the suite's long-context load lost early windows on two seeds), and the first 30 s
+    requests twice within seconds of t=0 (a long prompt at 5 s and its copy at -5 s: the
+    suite's long-context load lost windows 2 and 6 on seed 3), and the first 30 s
     repeated four times kept the rate but sampled a long-prompt mix from a handful of
-    requests (the same windows lost).
+    requests (long-context lost a window on seeds 3 and 4).
     """
     sent = np.flatnonzero((arrival_s > 0.0) & (arrival_s < seconds))
     return np.sort(seconds - arrival_s[sent]), sent.astype(np.int64)

@@ -129,6 +129,9 @@ def test_an_audit_line_from_before_the_learned_hold_was_kept_still_explains() ->
                 "load_samples": 0, "pod_start_s": 104.2, "node_boot_s": None,
                 "return_gap_s": None, "returns": 0, "horizon_scale": 1.0}
     assert explain._learned_line(document) == "Learned: a pod starts in 104 s."
+    # One interval between drops is no cycle yet: not said.
+    one = {**document, "drop_cycle_s": 350.0, "drop_cycles": 1, "drop_jitter_s": None}
+    assert explain._learned_line(one) == "Learned: a pod starts in 104 s."
 
 
 def test_a_look_ahead_ended_at_the_next_drop_says_so() -> None:
