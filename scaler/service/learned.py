@@ -120,6 +120,10 @@ _FIELDS: dict[str, tuple[str, str, float, float]] = {
     "dropCycles": ("drop_cycles", "count", 0, MAX_COUNT),
     "dropJitterSeconds": ("drop_jitter_s", "optional", 0.0, 7 * DAY_S),
 }
+# Written only once not zero: an instance of a version from before them refuses a record
+# that holds them (an unknown field), so a downgrade loses only the models that saw the
+# load fall away, not every model's record.
+_ZERO_UNWRITTEN = frozenset({"dropCycles"})
 
 
 # The learned hold's evidence (`decide.learned_hold`), lists kept as the engine keeps them:
@@ -143,7 +147,7 @@ def encode(learned: types.Learned, *, at: float, policy_fingerprint: str) -> str
         document["observedUntil"] = round(learned.observed_until, 3)
     for name, (attribute, _, _, _) in _FIELDS.items():
         value = getattr(learned, attribute)
-        if value is not None:
+        if value is not None and not (value == 0 and name in _ZERO_UNWRITTEN):
             document[name] = value
     if learned.level_returns:
         document[RETURNS] = [[round(r.at, 3), round(r.after_s, 3)]

@@ -62,7 +62,7 @@ def test_a_record_round_trips_and_starts_an_engine_state_from_it() -> None:
     # Nothing learned yet: the record holds only what every record holds.
     empty = json.loads(learned.encode(types.Learned(), at=NOW, policy_fingerprint="f"))
     assert set(empty) == {"v", "at", "policy", "loadSamples", "servedShare", "servedSamples",
-                          "returns", "horizonScale", "dropCycles"}
+                          "returns", "horizonScale"}
     assert learned.decode(json.dumps(empty), now=NOW, policy_fingerprint="f",
                           max_age_s=DAY) == types.Learned()
 
