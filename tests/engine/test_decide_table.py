@@ -1503,8 +1503,6 @@ def test_a_cycle_whose_drop_does_not_come_is_forgotten() -> None:
     assert sim.state.drop_cycles == 0 and sim.state.drop_cycle_s is None
 
 
-
-
 def test_a_cycle_releases_what_it_needs_no_more_within_a_restart() -> None:
     # The sawtooth of 10 -> 100 running over 240 s, every 300 s (1 to 10 replicas), pod
     # start 120 s. The HPA's 300 s window spans the whole cycle: it holds the top's

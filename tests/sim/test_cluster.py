@@ -195,7 +195,7 @@ def test_warm_up_traffic_is_served_but_neither_scored_nor_billed(
     assert sim.gpu_seconds(until=300.0) == pytest.approx(2 * 300.0)
 
 
-def test_the_warm_up_keeps_the_load_flat_into_t0_at_the_level_it_starts_at(
+def test_the_warm_up_meets_t0_at_the_rate_the_load_starts_at(
     profile_8b: profiles.ReplicaProfile,
 ) -> None:
     # A climb from 2 to 20 req/s over its first 4 minutes. Replayed forwards, its first
