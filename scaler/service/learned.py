@@ -29,14 +29,14 @@ log = logging.getLogger(__name__)
 
 VERSION = 1
 MAX_RECORD_BYTES = 4096
-"""A record is about 300 bytes (1.6 kB with the learned hold's lists full, about 3 kB with
-a cycle's two demand profiles full too, 3.7 kB at the largest values each field admits);
+"""A record is about 300 bytes (1.6 kB with the learned hold's lists full, about 2.6 kB with
+a cycle's two demand profiles full too, 3.9 kB at the largest values each field admits);
 a longer one is not ours."""
 MAX_DATA_BYTES = 900_000
 """The records written, in bytes of keys and values: under the API server's 1 MiB
 (1,048,576 bytes) for a ConfigMap's data, with room for its metadata. About 3,000 models
-of 300 bytes (about 300 whose learned hold and cycle keep all they may, 3 kB); past that
-the models least recently learned from are left out (counted, `omitted`)."""
+of 300 bytes (about 340 whose learned hold and cycle keep all they may, 2.6 kB); past
+that the models least recently learned from are left out (counted, `omitted`)."""
 REFRESH_S = 3600.0
 """Records are rewritten at least this often while unchanged, so a value confirmed by a
 running leader never reads as older than `max_age_s` to the next one."""
@@ -135,7 +135,7 @@ LEAVES = "levelLeaves"
 # A load's cycle (`decide.cycle_ahead`): lastDropAt the last drop's epoch time; the
 # highest demand of each CYCLE_BIN_S since it (cycleDemand) and since the drop before it
 # (lastCycleDemand), in replicas, -1 (`decide.UNREAD`) where nothing was read, at most
-# decide.CYCLE_MAX_BINS of each (about 1.3 kB both full).
+# decide.CYCLE_MAX_BINS of each (about 1.1 kB both full of demands such as 4.351).
 LAST_DROP = "lastDropAt"
 PROFILES = {"cycleDemand": "cycle_demand", "lastCycleDemand": "last_cycle_demand"}
 
