@@ -1087,7 +1087,7 @@ def cycle_ahead(draft: Draft) -> str:
     if not spec.restart_aware:
         return ""
     draft.state = state = _record_cycle(state, demand=draft.demand_now, now=now)
-    cycle, profile = _cycle(state), state.last_cycle_demand
+    cycle, profile = learned_cycle(state), state.last_cycle_demand
     if (cycle is None or state.last_drop_at is None or not profile
             or _pattern(state) is not None or draft.times is None):
         return ""
@@ -1130,16 +1130,16 @@ def _cycle_need(profile: tuple[float, ...], *, cycle: float, since: float, secon
     return need
 
 
-def _cycle(state: types.EngineState) -> float | None:
+def learned_cycle(state: types.EngineState) -> float | None:
     """The learned cycle once drops came about that far apart RETURN_PATTERN times in a
     row (restart-aware only: drops are learned there), as `_pattern` is for returns."""
     return state.drop_cycle_s if state.drop_cycles >= RETURN_PATTERN else None
 
 
 def _until_drop(state: types.EngineState, *, now: float) -> float | None:
-    """Seconds until the load is expected to fall away again (`_cycle`); None without a
+    """Seconds until the load is expected to fall away again (`learned_cycle`); None without a
     cycle or once the drop is due."""
-    cycle, last = _cycle(state), state.last_drop_at
+    cycle, last = learned_cycle(state), state.last_drop_at
     if cycle is None or last is None:
         return None
     due = last + cycle

@@ -110,7 +110,7 @@ def _learned_line(learned: Mapping[str, Any]) -> str | None:
         parts.append(f"levels of the load left {len(leaves)} times"
                      + ("" if longest is None else f" and came back within {longest:.0f} s"))
     # .get: an audit line written before the cycle was kept has none. One interval is no
-    # cycle yet (`decide._cycle`): said once drops came that far apart twice in a row.
+    # cycle yet (`decide.learned_cycle`): said once drops came that far apart twice in a row.
     cycle, drops = learned.get("drop_cycle_s"), learned.get("drop_cycles") or 0
     if cycle is not None and drops >= engine_decide.RETURN_PATTERN:
         jitter = learned.get("drop_jitter_s")

@@ -394,7 +394,7 @@ def learned_on(trace: traces.Trace, *, policy: policy_model.ScalePolicy,
         level_returns=tuple(dataclasses.replace(r, at=r.at + shift)
                             for r in state.level_returns),
         level_leaves=tuple(at + shift for at in state.level_leaves))
-    if state.last_drop_at is not None and state.drop_cycles >= engine_decide.RETURN_PATTERN:
+    if state.last_drop_at is not None and engine_decide.learned_cycle(state) is not None:
         return dataclasses.replace(learned, last_drop_at=state.last_drop_at + shift)
     # The profile since a drop the next run does not see is no cycle of its own.
     return dataclasses.replace(learned, last_drop_at=None, cycle_demand=())
