@@ -552,11 +552,13 @@ def recommend_replicas(draft: Draft) -> str:
         draft.notes.append(f"{judged} at {raw_demand:.2f} replicas would not raise "
                            f"{draft.tolerated}: the down window holds {draft.tolerated}")
     if draft.backlogged:
-        # Only where the load is known: the arrival rate sized by the learned load.
-        load = [r for r, rule, _ in candidates
+        # Only where the load is known: the arrival rate sized by the learned load. What
+        # the window keeps of it is the count its tolerance would hold, as a rise buys:
+        # a reading of 4.3 replicas is 4 (within 10 %), not 5.
+        load = [demand for _, rule, demand in candidates
                 if rule.kind is Kind.CAPACITY and rule not in BACKLOG_READINGS]
         if any(rule is Rule.ARRIVAL_RATE for _, rule, _ in candidates):
-            draft.load_raw = min(raw, max(load))
+            draft.load_raw = min(raw, recommend.ceil_replicas(max(load) / (1 + tolerance)))
     return f"{raw} replicas ({winner}" + ("; a rise within the margin, not yet confirmed)"
                                          if unconfirmed else ")")
 

@@ -993,6 +993,38 @@ def test_the_down_window_forgets_what_draining_a_backlog_took() -> None:
     assert not any(c.name == "stabilization_down" for c in sim.last.clamps)
 
 
+def test_the_down_window_keeps_the_count_the_tolerance_holds_of_a_backlogs_load() -> None:
+    # A gateway reports 10 req/s, then 43 (30/s more queue). What the window remembers of
+    # the overload and its drain is the load: 43 x 0.1 = 4.3 replicas, within 10 % of 4,
+    # so 4, as a rise to that reading buys and the tolerance then holds. Remembered as
+    # ceil(4.3) = 5, the fifth replica stayed a down window after the drain.
+    p = policy(signals={"concurrency": {"targetPerReplica": 10},
+                        "queueDepth": {"targetWaitingPerReplica": 2},
+                        "tokensPerSecond": {"capacityPerReplica": 1000,
+                                            "targetUtilization": 1.0}})
+    sim = Sim(p, current=1)
+
+    def at(t: int, *, running: float, waiting: float, done: float, tokens: float) -> int:
+        return sim.step(t, types.SignalSnapshot(
+            in_flight=value(running), queue_depth=value(waiting), arrival_rate=value(43.0
+            if t >= 40 else 10.0), completion_rate=value(done),
+            tokens_per_second=value(tokens)))
+
+    for t in range(0, 40, 2):
+        at(t, running=10, waiting=0, done=10, tokens=1000)
+    for t in range(40, 71, 2):
+        at(t, running=20, waiting=30.0 * (t - 40), done=13, tokens=1300)
+    assert sim.current >= 5
+    for t in range(72, 100, 2):  # the drain: the backlog's readings, held to load
+        at(t, running=900.0 - 30.0 * (t - 72), waiting=0, done=73, tokens=7300)
+    # The load alone: 4.3 replicas, held by 4 once a drain time (pod start + 60 s) has
+    # passed since the overload, long before the overload's readings leave the window.
+    for t in range(100, 240, 2):
+        at(t, running=43, waiting=0, done=43, tokens=4300)
+    assert sim.current == 4
+    assert all(r.load is None or r.load <= 4 for r in sim.state.recommendations)
+
+
 def test_a_falling_load_without_an_overload_is_load() -> None:
     # The running count falls as fast, but nothing queued before: the load itself fell
     # and the count follows the concurrency it reads, not a learned rate.
