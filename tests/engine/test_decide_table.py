@@ -955,16 +955,19 @@ def test_a_draining_backlog_is_not_read_as_load() -> None:
     assert concurrency.recommendation is not None and concurrency.recommendation <= 6
 
 
+# Running requests, waiting ones and tokens/s, each replica 10, 2 and 1,000 at full speed.
+BACKLOG_SIGNALS = {"concurrency": {"targetPerReplica": 10},
+                   "queueDepth": {"targetWaitingPerReplica": 2},
+                   "tokensPerSecond": {"capacityPerReplica": 1000, "targetUtilization": 1.0}}
+
+
 def test_the_down_window_forgets_what_draining_a_backlog_took() -> None:
     # A gateway reports 10 req/s, then 73 (60/s more queue). tokens/s of replicas working
     # off the backlog reads their full speed (9,300 tok/s = 10 replicas): held to load +
     # draining like the other backlog readings. Once the backlog is gone (running back at
     # 73 req/s), the count goes to the load at once: the 300 s window remembers the load
     # of the overload and the drain, not the 9 that drained it.
-    p = policy(signals={"concurrency": {"targetPerReplica": 10},
-                        "queueDepth": {"targetWaitingPerReplica": 2},
-                        "tokensPerSecond": {"capacityPerReplica": 1000,
-                                            "targetUtilization": 1.0}})
+    p = policy(signals=BACKLOG_SIGNALS)
     sim = Sim(p, current=1)
 
     def at(t: int, *, running: float, waiting: float, rate: float, done: float,
@@ -995,13 +998,11 @@ def test_the_down_window_forgets_what_draining_a_backlog_took() -> None:
 
 def test_the_down_window_keeps_the_count_the_tolerance_holds_of_a_backlogs_load() -> None:
     # A gateway reports 10 req/s, then 43 (30/s more queue). What the window remembers of
-    # the overload and its drain is the load: 43 x 0.1 = 4.3 replicas, within 10 % of 4,
-    # so 4, as a rise to that reading buys and the tolerance then holds. Remembered as
-    # ceil(4.3) = 5, the fifth replica stayed a down window after the drain.
-    p = policy(signals={"concurrency": {"targetPerReplica": 10},
-                        "queueDepth": {"targetWaitingPerReplica": 2},
-                        "tokensPerSecond": {"capacityPerReplica": 1000,
-                                            "targetUtilization": 1.0}})
+    # the overload and its drain is the load: 43 req/s at the load of a request learned
+    # at 10 req/s, 4.07 replicas, within 10 % of 4, so 4, as a rise to that reading buys
+    # and the tolerance then holds (as it holds the 4.3 read once the drain is over).
+    # Remembered as ceil(4.07) = 5, the fifth replica stayed a down window after the drain.
+    p = policy(signals=BACKLOG_SIGNALS)
     sim = Sim(p, current=1)
 
     def at(t: int, *, running: float, waiting: float, done: float, tokens: float) -> int:
